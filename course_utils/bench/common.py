@@ -1,0 +1,94 @@
+"""What every benchmark shares: timing on the GPU, the record of where a number
+came from, and saving results next to the course."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from course_utils import device
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks"
+
+
+def environment() -> dict:
+    """Device, versions and the command line, stored with every result."""
+    import triton
+    info = device.describe()
+    info.update({
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "command": "python -m course_utils.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    })
+    return info
+
+
+def time_ms(fn, warmup: int = 10, rep: int = 50) -> float:
+    """Median milliseconds per call of ``fn`` on the GPU (CUDA events, L2 flushed
+    by triton's ``do_bench``). On CPU it times with ``time.perf_counter``: such
+    numbers only compare variants in one run and are never reported as speeds."""
+    if device.HAS_GPU:
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    import time
+    fn()
+    times = []
+    for _ in range(max(3, rep // 10)):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def attention_flops(b, h, nq, nk, d, causal, mode="fwd") -> float:
+    """FLOPs of attention as the FlashAttention papers count them: 2 matmuls of
+    2*Nq*Nk*d each in the forward (halved when causal), 2.5x that for the backward."""
+    f = 4.0 * b * h * nq * nk * d
+    if causal:
+        f /= 2
+    return {"fwd": f, "bwd": 2.5 * f, "fwd+bwd": 3.5 * f}[mode]
+
+
+def device_slug() -> str:
+    return re.sub(r"[^a-z0-9]+", "-", device.describe()["name"].lower()).strip("-")
+
+
+def save(suite: str, rows: list[dict], extra: dict | None = None) -> Path:
+    """Write ``benchmarks/<device>/<suite>.json`` and return its path."""
+    out = RESULTS / device_slug()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{suite}.json"
+    record = {"environment": environment(), "rows": rows}
+    if extra:
+        record.update(extra)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A plain-text table of ``rows`` restricted to ``columns``."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c)
+              for i, c in enumerate(columns)]
+    line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(x) for x in cells])
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}"
+    return str(v)

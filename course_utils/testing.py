@@ -1,0 +1,62 @@
+"""Run every test of the course: ``python -m course_utils.testing`` (what
+``python course.py test`` calls after setting up the environment).
+
+1. the generated problem-set notebooks are in sync with their solutions;
+2. pytest over ``tests/`` (course_utils, the pipeline, the exercises, grading, ...);
+3. nbval over every lesson in ``notebooks/`` and every problem set in ``solutions/``.
+
+Extra arguments go to both pytest runs (for example ``-x`` or ``-k softmax``).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _workers() -> str:
+    return os.environ.get("COURSE_TEST_WORKERS", str(min(2, os.cpu_count() or 1)))
+
+
+def steps(extra):
+    py = sys.executable
+    n = _workers()
+    par = ["-n", n] if n not in ("0", "1") else []
+    return [
+        ("generated notebooks in sync", [py, "-m", "course_utils.problems", "check"]),
+        ("unit and integration tests",
+         [py, "-m", "pytest", "tests", "-p", "no:cacheprovider", *par, "--dist", "loadgroup",
+          "--timeout", "900", *extra]),
+        ("lessons and solutions under nbval",
+         [py, "-m", "pytest", "--nbval-lax", "notebooks", "solutions", "-p", "no:cacheprovider",
+          *par, "--dist", "loadfile", "--nbval-cell-timeout", "600", *extra]),
+    ]
+
+
+def main(argv=None):
+    extra = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               MPLBACKEND="Agg")
+    failed = []
+    t_all = time.time()
+    for name, cmd in steps(extra):
+        print(f"\n=== {name} ===\n$ {' '.join(cmd)}", flush=True)
+        t = time.time()
+        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        print(f"=== {name}: {'passed' if rc == 0 else f'FAILED (exit {rc})'} "
+              f"in {time.time() - t:.0f} s ===", flush=True)
+        if rc != 0:
+            failed.append(name)
+    print(f"\nall steps took {time.time() - t_all:.0f} s")
+    if failed:
+        print("failed: " + ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+from course_utils.doctor import diagnose, doctor, known_answer_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = {"torch": "2.13.0+cpu", "triton": "3.9.0", "numpy": "2.4.6", "matplotlib": "3.11",
+        "ipywidgets": "8.1.9", "jupyterlab": "4.6", "nbval": "0.11"}
+
+
+def levels(findings):
+    return [f.level for f in findings]
+
+
+def test_healthy_environment():
+    assert levels(diagnose(GOOD, interpret=True, has_gpu=False)) == ["ok"]
+
+
+def test_numpy_triton_trap_is_one_line_with_fix():
+    bad = dict(GOOD, triton="3.5.1", numpy="2.4.0")
+    f = diagnose(bad, interpret=True, has_gpu=False)
+    assert levels(f) == ["error"]
+    assert "numpy<2.4" in f[0].message and "\n" not in f[0].message
+    # compiled on a GPU the interpreter is not used: no error
+    assert levels(diagnose(bad, interpret=False, has_gpu=True)) == ["ok"]
+    assert levels(diagnose(dict(GOOD, triton="3.6.0", numpy="2.3.1"), True, False)) == ["ok"]
+
+
+def test_other_findings():
+    assert "not installed" in diagnose(dict(GOOD, triton=None), True, False)[0].message
+    assert "not installed" in diagnose(dict(GOOD, torch=None), True, False)[0].message
+    assert "import course_utils" in diagnose(GOOD, False, False, triton_first=True)[0].message
+    assert levels(diagnose(GOOD, True, True)) == ["warn"]
+    assert "failed" in diagnose(GOOD, True, False, kernel_error="boom")[0].message
+    assert levels(diagnose(dict(GOOD, nbval=None), True, False)) == ["warn"]
+
+
+def test_known_answer_kernel_runs_here():
+    ok, detail = known_answer_kernel()
+    assert ok, detail
+
+
+def test_report_and_cli():
+    buf = io.StringIO()
+    assert doctor(file=buf) is True
+    text = buf.getvalue()
+    for word in ("torch", "triton", "device", "capability", "triton mode", "test kernel   passed"):
+        assert word in text
+    r = subprocess.run([sys.executable, "-m", "course_utils", "doctor"], capture_output=True,
+                       text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert r.returncode == 0, r.stderr
+    assert "environment report" in r.stdout

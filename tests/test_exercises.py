@@ -1,0 +1,35 @@
+"""Every generated exercise must fail its checks: each answer cell raises the
+NotImplementedError with its hint, and each check cell then fails."""
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+
+
+def _errors(cell):
+    return [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=[p.stem for p in EXERCISES])
+def test_exercise_fails_its_checks(path):
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=600, allow_errors=True, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    graded = [c for c in nb.cells if c.get("metadata", {}).get("course")]
+    assert graded, f"{path.name}: no graded cells"
+    by_ex = {}
+    for cell in graded:
+        by_ex.setdefault(cell.metadata["course"]["exercise"], {})[cell.metadata["course"]["role"]] = cell
+    for ex, cells in by_ex.items():
+        check_errs = _errors(cells["check"])
+        assert check_errs, f"{path.name}: the check of exercise {ex} passed on the unsolved exercise"
+        answer_errs = _errors(cells["answer"])
+        # the stub raises either when its cell runs, or when the check calls the stub
+        stub = answer_errs[0] if answer_errs else check_errs[0]
+        assert stub["ename"] == "NotImplementedError", (path.name, ex, stub["ename"], stub["evalue"])
+        assert f"Exercise {ex}" in stub["evalue"], (path.name, ex, stub["evalue"])

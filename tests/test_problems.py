@@ -56,10 +56,11 @@ def test_build_generates_exercise(tmp_path):
     ex = nbformat.read(root / "exercises/42_demo.ipynb", as_version=4)
     a = next(c for c in sol.cells if c.get("id") == "ex-42-1-answer")
     assert a.metadata["course"] == {"role": "answer", "exercise": "42.1", "points": 3}
-    assert a.outputs == []  # noisy output dropped
+    assert a.outputs == [] and a.execution_count is None  # noisy output dropped
     assert "return 2 * x" in a.source
     kept = sol.cells[3]
     assert kept.outputs and kept.outputs[0]["text"] == "x\n"  # NBVAL_CHECK_OUTPUT kept
+    assert kept.execution_count == 1
     ex_answer = next(c for c in ex.cells if c.get("id") == "ex-42-1-answer")
     assert "return 2 * x" not in ex_answer.source
     assert "raise NotImplementedError('Exercise 42.1: multiply by two')" in ex_answer.source

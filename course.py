@@ -107,8 +107,13 @@ def main(argv):
         return run([py, "-m", "course_utils", "doctor"]).returncode
     if cmd == "lab":
         as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-        return run([py, "-m", "jupyter", "lab", "--notebook-dir", ROOT, *as_root,
-                    *rest, "notebooks/00_setup.ipynb"]).returncode
+        cmd = [str(py), "-m", "jupyter", "lab", "--notebook-dir", str(ROOT), *as_root,
+               *rest, "notebooks/00_setup.ipynb"]
+        say("$ " + " ".join(cmd))
+        sys.stdout.flush()
+        if os.name == "posix":
+            os.execv(cmd[0], cmd)  # JupyterLab takes this process over (signals reach it)
+        return subprocess.run(cmd).returncode
     return run([py, "-m", "course_utils.testing", *rest]).returncode
 
 

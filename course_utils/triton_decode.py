@@ -1,0 +1,271 @@
+"""Lesson 9: split-KV decoding ("flash-decoding") in Triton, with GQA packing.
+
+Two kernels, launched one after the other:
+
+1. ``_split_kv_kernel``, grid ``(num_splits, B * Hkv)``. Program ``(c, b*Hkv+g)`` owns
+   chunk ``c`` of the cache of batch element ``b`` and kv head ``g``. It loads the
+   queries of *all* ``group = Hq // Hkv`` query heads that share kv head ``g`` (and all
+   ``Nq`` new tokens) as one ``(group * Nq, D)`` tile, so every K and V block it reads
+   serves the whole group: the cache is read from memory once, not ``group`` times.
+   It runs the online softmax of lessons 2-4 over its chunk and writes the partial
+   state ``(m, l, acc)`` of lesson 3 (natural-log ``m``, unnormalised ``acc``).
+2. ``_merge_kernel``, grid ``(B * Hq * Nq,)``: folds the ``num_splits`` partial states
+   of one output row with lesson 3's merge, ``m = max_c m_c``,
+   ``l = sum_c l_c exp(m_c - m)``, ``acc = sum_c acc_c exp(m_c - m)``, then writes
+   ``o = acc / l`` and ``lse = m + log l``.
+
+With a block table the split kernel reads a **paged** cache: key ``j`` of sequence
+``b`` is slot ``j % page_size`` of page ``block_table[b, j // page_size]``.
+
+:func:`choose_num_splits` picks the number of chunks from the batch, the kv heads and
+the cache length (see its docstring). On a CPU the kernels run in Triton's
+interpreter with one fixed configuration; on a GPU the split kernel is autotuned.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from course_utils import device  # sets TRITON_INTERPRET before triton is imported
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from course_utils.attention import AttentionState  # noqa: E402
+from course_utils.decoding import validate_decode_inputs, validate_paged_cache  # noqa: E402
+
+__all__ = ["decode_attention", "choose_num_splits", "default_num_sms", "CHUNK_ALIGN"]
+
+LOG2E = 1.4426950408889634
+# chunk lengths are multiples of this, so a chunk is a whole number of K/V blocks
+CHUNK_ALIGN = device.pick(cpu=16, gpu=128)
+_CPU_BLOCK_N = 16
+
+
+@functools.lru_cache(maxsize=None)
+def default_num_sms() -> int:
+    """Streaming multiprocessors of the GPU (132 on an H100 SXM); 4 on a CPU, so the
+    interpreter still exercises several splits."""
+    if device.HAS_GPU:
+        return torch.cuda.get_device_properties(device.DEVICE).multi_processor_count
+    return 4
+
+
+def choose_num_splits(batch: int, kv_heads: int, cache_len: int, num_sms: int | None = None,
+                      *, waves: int = 4, min_chunk: int = 512) -> int:
+    """How many chunks to cut the cache into.
+
+    Without splitting there are ``batch * kv_heads`` programs (GQA packing already puts a
+    whole query-head group in one). At ``B = 1, Hkv = 8`` that is 8 programs for 132
+    multiprocessors: most of the GPU idles and memory bandwidth goes unused. So:
+
+    * aim for ``waves * num_sms`` programs in all (several resident programs per
+      multiprocessor keep enough loads in flight to saturate memory);
+    * but give no chunk fewer than ``min_chunk`` keys, because each chunk costs a fixed
+      amount (loading Q, writing a partial state that the merge reads back);
+    * and never more than one chunk per ``CHUNK_ALIGN`` keys.
+    """
+    for name, val in (("batch", batch), ("kv_heads", kv_heads), ("cache_len", cache_len)):
+        if not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
+    num_sms = default_num_sms() if num_sms is None else num_sms
+    if not isinstance(num_sms, int) or num_sms < 1:
+        raise ValueError(f"num_sms must be a positive int, got {num_sms!r}")
+    want = -(-waves * num_sms // (batch * kv_heads))
+    most = max(1, cache_len // max(min_chunk, CHUNK_ALIGN))
+    return max(1, min(want, most))
+
+
+@triton.jit
+def _split_kv_kernel(
+    Q, K, V, SEQLENS, BLOCK_TABLE, PART_M, PART_L, PART_ACC,
+    sqb, sqh, sqn, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    sbt, PAGE_SIZE, HKV, NQ, LMAX, CHUNK, NUM_SPLITS, qk_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bg = tl.program_id(1)
+    b = (bg // HKV).to(tl.int64)        # 64-bit offsets: a large cache passes 2**31 elements
+    g = (bg % HKV).to(tl.int64)
+    if HAS_SEQLENS:
+        length = tl.load(SEQLENS + b)
+    else:
+        length = LMAX
+    # GQA packing: packed row r is query head g*GROUP + r // NQ, new token r % NQ
+    rows = tl.arange(0, BLOCK_M)
+    head = g * GROUP + rows // NQ
+    tok = rows % NQ
+    row_ok = rows < GROUP * NQ
+    dcol = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * sqb + head[:, None] * sqh + tok[:, None] * sqn + dcol[None, :] * sqd,
+                mask=row_ok[:, None], other=0.0)
+    last = length - NQ + tok            # bottom-right causal: last key each row may see
+
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, length)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = K + b * skb + g * skh
+    v_base = V + b * svb + g * svh
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < hi
+        if PAGED:
+            # paged cache: key j lives in page block_table[b, j // PAGE_SIZE], slot j % PAGE_SIZE
+            page = tl.load(BLOCK_TABLE + b * sbt + cols // PAGE_SIZE, mask=col_ok,
+                           other=0).to(tl.int64)
+            slot = cols % PAGE_SIZE
+            kt = tl.load(K + g * skh + (page * skb + slot * skn)[None, :] + dcol[:, None] * skd,
+                         mask=col_ok[None, :], other=0.0)
+        else:
+            kt = tl.load(k_base + cols[None, :] * skn + dcol[:, None] * skd,
+                         mask=col_ok[None, :], other=0.0)                  # (D, BLOCK_N)
+        s = tl.dot(q, kt) * qk_scale                                       # log2 units
+        visible = col_ok[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= last[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if PAGED:
+            v = tl.load(V + g * svh + (page * svb + slot * svn)[:, None] + dcol[None, :] * svd,
+                        mask=col_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_base + cols[:, None] * svn + dcol[None, :] * svd,
+                        mask=col_ok[:, None], other=0.0)                   # (BLOCK_N, D)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # partial state in natural-log units, as lesson 3 writes it
+    idx = ((b * HKV * GROUP + head) * NQ + tok) * NUM_SPLITS + split
+    tl.store(PART_M + idx, m_i * 0.6931471805599453, mask=row_ok)   # times ln 2
+    tl.store(PART_L + idx, l_i, mask=row_ok)
+    tl.store(PART_ACC + idx[:, None] * HEAD_DIM + dcol[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_kernel(PART_M, PART_L, PART_ACC, O, LSE, NUM_SPLITS,
+                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    row = tl.program_id(0)             # one (b, head, token) output row
+    sp = tl.arange(0, BLOCK_S)
+    ok = sp < NUM_SPLITS
+    m = tl.load(PART_M + row * NUM_SPLITS + sp, mask=ok, other=float("-inf"))
+    l = tl.load(PART_L + row * NUM_SPLITS + sp, mask=ok, other=0.0)
+    dcol = tl.arange(0, HEAD_DIM)
+    acc = tl.load(PART_ACC + (row * NUM_SPLITS + sp[:, None]) * HEAD_DIM + dcol[None, :],
+                  mask=ok[:, None], other=0.0)
+    # lesson 3's merge of all splits at once: rescale each state to the common max
+    m_all = tl.max(m, 0)               # finite: chunk 0 holds key 0, seen by every row
+    w = tl.exp(m - m_all)              # empty chunks (m = -inf) weigh 0
+    l_all = tl.sum(l * w, 0)
+    o = tl.sum(acc * w[:, None], 0) / l_all
+    tl.store(O + row * HEAD_DIM + dcol, o.to(O.dtype.element_ty))
+    tl.store(LSE + row, m_all + tl.log(l_all))
+
+
+def _gpu_configs():
+    return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
+            for bn, w, st in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4),
+                              (32, 4, 4))]
+
+
+if device.HAS_GPU:
+    _split_kv = triton.autotune(configs=_gpu_configs(),
+                                key=["CHUNK", "GROUP", "HEAD_DIM", "BLOCK_M", "CAUSAL", "PAGED"])(
+        _split_kv_kernel)
+else:
+    _split_kv = _split_kv_kernel
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, causal=True, scale=None,
+                     num_splits=None, return_lse=False, return_partials=False,
+                     check_lengths=True, block_table=None):
+    """Split-KV decode attention; same contract as
+    :func:`course_utils.decoding.decode_attention_reference`.
+
+    ``num_splits`` overrides :func:`choose_num_splits`. With ``return_partials`` the
+    per-chunk states come back too, as an :class:`AttentionState` whose ``m``, ``l``
+    are ``(B, Hq, Nq, S)`` and ``acc`` is ``(B, Hq, Nq, S, D)`` (float32, unnormalised),
+    so they can be folded with ``merge_states`` by hand.
+
+    The chunks are cut from the cache's capacity ``Lmax``, so nothing is read back from
+    the GPU; chunks past a sequence's length return at once. With
+    ``check_lengths=False`` the values of ``cache_seqlens`` are not range-checked
+    either, and the call can be captured in a CUDA graph (the way serving loops replay
+    decode steps).
+
+    **Paged cache**: with ``block_table`` (``(B, n)`` int32/int64), ``k_cache`` and
+    ``v_cache`` are pools of pages of shape ``(num_pages, Hkv, page_size, D)`` and key
+    ``j`` of batch element ``b`` lives in page ``block_table[b, j // page_size]`` at slot
+    ``j % page_size``; ``cache_seqlens`` is then required (see
+    :func:`course_utils.decoding.gather_paged_cache` for the same layout in PyTorch)."""
+    paged = block_table is not None
+    if paged:
+        validate_paged_cache(k_cache, v_cache, block_table, q.shape[0],
+                             check_values=check_lengths)
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is required with block_table: a paged cache has no "
+                             "implicit length")
+        n_pages, page_size = block_table.shape[1], k_cache.shape[2]
+        view = (q.shape[0], k_cache.shape[1], n_pages * page_size, k_cache.shape[3])
+        k_val = k_cache.as_strided(view, (0, 0, 0, 0))    # shape-only views for validation
+        v_val = v_cache.as_strided(view, (0, 0, 0, 0))
+    else:
+        k_val, v_val, page_size = k_cache, v_cache, 1
+    b, hq, hkv, nq, lmax, d = validate_decode_inputs(q, k_val, v_val, cache_seqlens, scale,
+                                                     check_lengths=check_lengths)
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q must be float16, bfloat16 or float32 for the kernel, got {q.dtype}")
+    if d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head dim D must be one of 16, 32, 64, 128, 256, got {d}")
+    if q.device.type != device.DEVICE.type:
+        raise ValueError(f"q must be on {device.DEVICE} (course_utils.device.DEVICE), "
+                         f"got {q.device}")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    length = lmax
+    if num_splits is None:
+        num_splits = choose_num_splits(b, hkv, length)
+    chunk = -(-length // min(num_splits, length))
+    chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
+    num_splits = -(-length // chunk)        # drop splits that would be empty everywhere
+
+    group = hq // hkv
+    block_m = max(16, triton.next_power_of_2(group * nq))
+    dev = q.device
+    part_m = torch.empty(b, hq, nq, num_splits, dtype=torch.float32, device=dev)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty(b, hq, nq, num_splits, d, dtype=torch.float32, device=dev)
+    seqlens = q if cache_seqlens is None else cache_seqlens.to(torch.int32)
+    table = block_table.to(torch.int32) if paged else seqlens
+    args = (q, k_cache, v_cache, seqlens, table, part_m, part_l, part_acc,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            table.stride(0), page_size, hkv, nq, lmax, chunk, num_splits, scale * LOG2E)
+    meta = dict(GROUP=group, HEAD_DIM=d, BLOCK_M=block_m,
+                HAS_SEQLENS=cache_seqlens is not None, CAUSAL=bool(causal), PAGED=paged)
+    grid = (num_splits, b * hkv)
+    if device.HAS_GPU:
+        _split_kv[grid](*args, **meta)
+    else:
+        _split_kv[grid](*args, **meta, BLOCK_N=_CPU_BLOCK_N)
+
+    o = torch.empty(b, hq, nq, d, dtype=q.dtype, device=dev)
+    lse = torch.empty(b, hq, nq, dtype=torch.float32, device=dev)
+    _merge_kernel[(b * hq * nq,)](part_m, part_l, part_acc, o, lse, num_splits,
+                                  HEAD_DIM=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    out = [o]
+    if return_lse:
+        out.append(lse)
+    if return_partials:
+        out.append(AttentionState(m=part_m, l=part_l, acc=part_acc))
+    return out[0] if len(out) == 1 else tuple(out)

@@ -1,0 +1,197 @@
+"""Lesson 8 benchmark: our Hopper forwards against SDPA (cuDNN and flash back ends)
+in the same run, plus the ablation table (which ingredient gives what).
+
+    python -m course_utils.bench hopper [--n 4096 8192 16384] [--dtype fp16 bf16]
+                                        [--tokens 16384] [--heads 16] [--quick]
+
+Shapes follow the FlashAttention-3 paper's forward benchmark: head dim 128, a fixed
+16k tokens per batch (``B = tokens // N``), 16 heads, non-causal. Every provider's
+output is compared with SDPA before it is timed; a provider that fails to compile or
+to match is listed with its error instead of a speed. Results:
+``benchmarks/<device>/hopper.json`` and ``hopper.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import traceback
+
+import torch
+
+from course_utils import device
+from course_utils.bench import common
+
+D = 128
+
+
+def _sdpa(backend_name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+
+    def run(q, k, v):
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return run
+
+
+def providers():
+    """name -> (callable(q, k, v) or a factory for FP8, what it shows)."""
+    from course_utils.hopper.gluon_fwd import attention_gluon
+    from course_utils.hopper.triton_fwd import attention_tma
+    return {
+        "sdpa_cudnn": (_sdpa("CUDNN_ATTENTION"), "baseline: cuDNN's Hopper attention"),
+        "sdpa_flash": (_sdpa("FLASH_ATTENTION"), "FlashAttention-2 inside PyTorch"),
+        "triton_tma_s1": (lambda q, k, v: attention_tma(q, k, v, num_stages=1),
+                          "Triton + TMA descriptors, no pipelining"),
+        "triton_tma_s2": (lambda q, k, v: attention_tma(q, k, v, num_stages=2),
+                          "+ 2-stage software pipeline"),
+        "triton_tma_s3": (lambda q, k, v: attention_tma(q, k, v, num_stages=3),
+                          "+ 3-stage software pipeline"),
+        "triton_tma_ws": (lambda q, k, v: attention_tma(q, k, v, num_stages=2,
+                                                        warp_specialize=True),
+                          "+ compiler warp specialisation"),
+        "gluon_ws_serial": (lambda q, k, v: attention_gluon(q, k, v, pipeline=False),
+                            "Gluon: producer warp + consumer warpgroups, serial softmax"),
+        "gluon_ws_pipe": (lambda q, k, v: attention_gluon(q, k, v, pipeline=True),
+                          "Gluon: + intra-warpgroup overlap of softmax and P V"),
+        "gluon_ws_pipe_s3": (lambda q, k, v: attention_gluon(q, k, v, pipeline=True, stages=3),
+                             "Gluon: + 3 K/V slots"),
+        "gluon_pingpong": (lambda q, k, v: attention_gluon(q, k, v, pingpong=True),
+                           "Gluon: two consumer warpgroups in ping-pong, each pipelined"),
+        "gluon_pingpong_s3": (lambda q, k, v: attention_gluon(q, k, v, pingpong=True, stages=3),
+                              "Gluon: ping-pong + 3 K/V slots"),
+    }
+
+
+def _fp8_runner(q, k, v):
+    from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
+    prep = prepare_fp8(q, k, v, hadamard=True)
+    return lambda: attention_fp8_prepared(prep, out_dtype=q.dtype)
+
+
+def run_config(n, dtype, tokens, heads, names):
+    b = max(1, tokens // n)
+    g = torch.Generator(device=device.DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(b, heads, n, D, device=device.DEVICE, dtype=dtype, generator=g)
+               for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    flops = common.attention_flops(b, heads, n, n, D, False)
+    rows = []
+    table = providers()
+    for name in names + ["fp8_hadamard"]:
+        row = {"provider": name, "N": n, "B": b, "H": heads, "D": D,
+               "dtype": str(dtype).replace("torch.", "")}
+        try:
+            if name == "fp8_hadamard":
+                fn = _fp8_runner(q, k, v)
+                row["what"] = "FP8 e4m3, per-block scales, Hadamard (kernel time only)"
+            else:
+                f, row["what"] = table[name]
+                fn = (lambda f=f: f(q, k, v))
+            out = fn()
+            torch.cuda.synchronize()
+            row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
+            limit = 0.08 if name.startswith("fp8") else 1e-2
+            if not math.isfinite(row["rel_err"]) or row["rel_err"] > limit:
+                raise RuntimeError(f"wrong output: relative error {row['rel_err']:.3g} > {limit}")
+            ms = common.time_ms(fn)
+            row["ms"] = ms
+            row["tflops"] = flops / ms / 1e9
+        except Exception as e:  # report, keep measuring the others
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            traceback.print_exc(limit=2)
+        rows.append(row)
+        print(f"N={n:6d} {row['dtype']:9s} {name:18s} "
+              + (f"{row['tflops']:7.1f} TFLOPS" if "tflops" in row else row.get("error", "")),
+              flush=True)
+    base = next((r["tflops"] for r in rows if r["provider"] == "sdpa_cudnn" and "tflops" in r),
+                None)
+    for r in rows:
+        if base and "tflops" in r:
+            r["x_cudnn"] = r["tflops"] / base
+    return rows
+
+
+def ablation(rows, n):
+    """The ingredient-by-ingredient table at one sequence length (fp16), with the
+    schedule simulator's prediction for the schedule each kernel follows."""
+    from course_utils.hopper import schedule_sim as sim
+    pred = {name: sim.simulate(sim.build_schedule(name)).tflops for name in sim.SCHEDULE_NAMES}
+    model = {"triton_tma_s1": "fa2_serial", "triton_tma_s2": "fa2_serial",
+             "triton_tma_s3": "fa2_serial", "triton_tma_ws": "warp_specialized",
+             "gluon_ws_serial": "warp_specialized", "gluon_ws_pipe": "intra_pipeline",
+             "gluon_ws_pipe_s3": "intra_pipeline", "gluon_pingpong": "fa3",
+             "gluon_pingpong_s3": "fa3"}
+    out = []
+    for r in rows:
+        if r["N"] != n or r["dtype"] != "float16":
+            continue
+        sched = model.get(r["provider"])
+        out.append({"provider": r["provider"], "what": r.get("what"),
+                    "tflops": r.get("tflops"), "x_cudnn": r.get("x_cudnn"),
+                    "schedule": sched, "sim_tflops": pred.get(sched) if sched else None,
+                    "error": r.get("error")})
+    return out
+
+
+def plot(rows, path, device_name=None):
+    """Bar chart of TFLOPS per provider, one panel per dtype (``device_name`` for the
+    title: the GPU that produced ``rows``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(7 * len(dtypes), 4.5), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        sub = [r for r in rows if r["dtype"] == dt]
+        ns = sorted({r["N"] for r in sub})
+        names = list(dict.fromkeys(r["provider"] for r in sub))
+        width = 0.8 / len(names)
+        colors = plt.get_cmap("tab20")
+        for i, name in enumerate(names):
+            ys = [next((r.get("tflops") or 0 for r in sub if r["N"] == n and r["provider"] == name), 0)
+                  for n in ns]
+            ax.bar([x + i * width for x in range(len(ns))], ys, width, label=name,
+                   color=colors(i % 20))
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(ns))])
+        ax.set_xticklabels([f"N={n}" for n in ns])
+        ax.set_ylabel("TFLOPS (forward, non-causal)")
+        ax.set_title(f"Attention forward, D={D}, {dt}, {device_name or device.describe()['name']}")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m course_utils.bench hopper",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[4096, 8192, 16384])
+    ap.add_argument("--dtype", nargs="+", default=["fp16", "bf16"], choices=["fp16", "bf16"])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--providers", nargs="+", default=None,
+                    help="subset of providers (default: all)")
+    args = ap.parse_args(argv)
+    if not device.needs("hopper"):
+        return 0
+    names = args.providers or list(providers())
+    dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    rows = []
+    for dt in args.dtype:
+        for n in args.n:
+            rows += run_config(n, dts[dt], args.tokens, args.heads, names)
+    n_ab = 8192 if 8192 in args.n else args.n[-1]
+    try:
+        abl = ablation(rows, n_ab)
+    except Exception as e:  # the table of measurements still counts
+        print(f"ablation predictions unavailable: {type(e).__name__}: {e}")
+        abl = []
+    path = common.save("hopper", rows, {"ablation_N": n_ab, "ablation": abl})
+    plot(rows, path.with_suffix(".png"))
+    print(common.table(rows, ["provider", "dtype", "N", "tflops", "x_cudnn", "rel_err", "error"]))
+    print(f"\nablation at N={n_ab}, fp16:")
+    print(common.table(abl, ["provider", "tflops", "x_cudnn", "schedule", "sim_tflops"]))
+    print(f"saved {path}")
+    return 0

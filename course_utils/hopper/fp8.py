@@ -1,0 +1,254 @@
+"""Lesson 8 (c): attention in FP8 (e4m3) with per-block scales and an optional
+Hadamard rotation ("incoherent processing").
+
+FP8 e4m3 keeps 3 mantissa bits and a largest finite value of 448. Stored alone, a
+tensor with a few large entries (outlier channels) would either overflow or push the
+small entries into the few subnormal steps, so every tile carries its own float32
+scale: ``x ~= x8 * scale`` with ``scale = amax(|tile|) / 448``.
+
+* Q gets one scale per ``block_m`` rows of a head, K one per ``block_n`` rows, V one
+  per ``block_n`` rows too. The kernel multiplies the scores by ``sq * sk``; the V
+  scale of block ``j`` is folded into the online-softmax rescaling factor
+  (``acc <- acc * alpha * sv_{j-1} / sv_j + P_j V8_j``), so the inner loop keeps one
+  fused ``dot`` with accumulation and the output is multiplied by the last ``sv``.
+* P (values in [0, 1]) is cast to e4m3 as it is; V is stored transposed
+  (``(D, Nk)`` per head) because the FP8 ``wgmma`` reads both operands K-major.
+* Hadamard: with an orthogonal ``H`` (entries ``+-1/sqrt(D)``, random sign flips),
+  ``(Q H)(K H)^T = Q K^T`` exactly. e4m3 is a floating-point format, so every entry
+  keeps about 2^-4 relative precision whatever its size; the error of a score
+  ``q . k`` is then dominated by its largest products. When Q and K have large values
+  in the same channel (outlier channels), that one product's rounding error dominates
+  every score; after the rotation the channel is spread over all ``D`` channels, every
+  product is small, and the scores' error drops.
+
+In Triton's CPU interpreter the float32 -> fp8 casts inside the kernel do not round
+exactly like the GPU, so interpreter results are compared with a looser tolerance.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from course_utils import device  # sets TRITON_INTERPRET before triton is imported
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from course_utils.attention import naive_attention  # noqa: E402
+from course_utils.hopper.triton_fwd import LOG2E, validate_hopper_inputs  # noqa: E402
+
+__all__ = ["FP8_DTYPE", "FP8_MAX", "hadamard_matrix", "quantize_fp8_blocks",
+           "dequantize_fp8_blocks", "rmse", "attention_fp8", "prepare_fp8",
+           "attention_fp8_prepared", "fp8_error_report"]
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def rmse(a, b) -> float:
+    """Root-mean-square error of ``a`` against ``b``, in float64."""
+    return float(((a.double() - b.double()) ** 2).mean().sqrt())
+
+
+def hadamard_matrix(d: int, seed: int | None = 0, device_=None) -> torch.Tensor:
+    """An orthogonal ``d x d`` matrix ``diag(signs) @ Hd / sqrt(d)`` (Sylvester's
+    construction, ``d`` a power of two); ``seed=None`` gives no sign flips."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1 or d & (d - 1):
+        raise ValueError(f"d must be a power of two (the head dim), got {d!r}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    h = h / math.sqrt(d)
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        signs = torch.randint(0, 2, (d,), generator=g, dtype=torch.float64) * 2 - 1
+        h = signs[:, None] * h
+    return h.float().to(device_ or device.DEVICE)
+
+
+def quantize_fp8_blocks(x: torch.Tensor, block: int):
+    """Split the rows of each head of ``x`` (``(B, H, N, D)``) into blocks of ``block``
+    rows; return ``(x8, scales)`` with ``x8`` e4m3 of ``x``'s shape (rows padded with
+    zeros to a multiple of ``block``) and ``scales`` float32 ``(B, H, ceil(N/block))``,
+    such that ``x ~= x8.float() * scale`` of its block."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError("x must be a 4-D tensor (B, H, N, D), got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if not x.is_floating_point() or x.dtype == FP8_DTYPE:
+        raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive int (rows per scale), got {block!r}")
+    b, h, n, d = x.shape
+    nb = -(-n // block)
+    xp = torch.zeros(b, h, nb * block, d, device=x.device, dtype=torch.float32)
+    xp[:, :, :n] = x.float()
+    tiles = xp.view(b, h, nb, block, d)
+    amax = tiles.abs().amax(dim=(-1, -2))
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    x8 = (tiles / scales[..., None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x8.view(b, h, nb * block, d), scales
+
+
+def dequantize_fp8_blocks(x8: torch.Tensor, scales: torch.Tensor, n: int | None = None):
+    """Inverse of :func:`quantize_fp8_blocks` (float32), cut back to ``n`` rows."""
+    b, h, npad, d = x8.shape
+    nb = scales.shape[-1]
+    if npad % nb:
+        raise ValueError(f"x8 has {npad} rows, not a multiple of the {nb} scale blocks")
+    x = x8.float().view(b, h, nb, npad // nb, d) * scales[..., None, None]
+    return x.view(b, h, npad, d)[:, :, : (npad if n is None else n)]
+
+
+@triton.jit
+def _fp8_inner(acc, l_i, m_i, sv_prev, q, k_desc, vt_desc, ks_ptr, vs_ptr, kv_row, vt_row,
+               kb0, offs_m, lo, hi, Nk, qk_scale_q,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               NUM_STAGES: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+        k = k_desc.load([kv_row + start_n, 0])
+        sk = tl.load(ks_ptr + kb0 + start_n // BLOCK_N)
+        s = tl.dot(q, k.T) * (qk_scale_q * sk)
+        if MASKED:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            keep = offs_n[None, :] < Nk
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        sv = tl.load(vs_ptr + kb0 + start_n // BLOCK_N)
+        acc = acc * (alpha * (sv_prev / sv))[:, None]
+        vt = vt_desc.load([vt_row, start_n])
+        acc = tl.dot(p.to(tl.float8e4nv), vt.T, acc)
+        m_i = m_new
+        sv_prev = sv
+    return acc, l_i, m_i, sv_prev
+
+
+@triton.jit
+def _attn_fwd_fp8(q_desc, k_desc, vt_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr, lse_ptr, qk_scale,
+                  Hq, Nq, Nk, NkPad, GROUP, NQB, NKB,
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, NUM_STAGES: tl.constexpr):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hq
+    h = bh % Hq
+    bkv = b * (Hq // GROUP) + h // GROUP
+    q_row = bh * (NQB * BLOCK_M) + start_m * BLOCK_M
+    kv_row = bkv * NkPad
+    vt_row = bkv * D
+    kb0 = bkv * NKB
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    sv_prev = tl.full([], 1.0, tl.float32)
+    q = q_desc.load([q_row, 0])
+    qk_scale_q = qk_scale * tl.load(qs_ptr + bh * NQB + start_m)
+
+    hi = Nk
+    if CAUSAL:
+        hi = tl.minimum(Nk, (start_m + 1) * BLOCK_M)
+    full = (Nk // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        full = tl.minimum(full, (start_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    acc, l_i, m_i, sv_prev = _fp8_inner(acc, l_i, m_i, sv_prev, q, k_desc, vt_desc, ks_ptr,
+                                        vs_ptr, kv_row, vt_row, kb0, offs_m, 0, full, Nk,
+                                        qk_scale_q, BLOCK_N, False, CAUSAL, NUM_STAGES)
+    acc, l_i, m_i, sv_prev = _fp8_inner(acc, l_i, m_i, sv_prev, q, k_desc, vt_desc, ks_ptr,
+                                        vs_ptr, kv_row, vt_row, kb0, offs_m, full, hi, Nk,
+                                        qk_scale_q, BLOCK_N, True, CAUSAL, NUM_STAGES)
+    acc = acc * (sv_prev / l_i)[:, None]
+    offs_d = tl.arange(0, D)
+    rows = bh * Nq + offs_m
+    ok = offs_m < Nq
+    tl.store(o_ptr + rows[:, None] * D + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=ok[:, None])
+    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) / 1.4426950408889634, mask=ok)
+
+
+def _blocks(block_m, block_n):
+    bm = block_m or device.pick(cpu=16, gpu=128)
+    bn = block_n or device.pick(cpu=16, gpu=128)
+    for name, val in (("block_m", bm), ("block_n", bn)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 16 or val & (val - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {val!r}")
+    return bm, bn
+
+
+def prepare_fp8(q, k, v, *, hadamard=False, block_m=None, block_n=None, seed=0):
+    """Quantise ``q, k, v`` for :func:`attention_fp8_prepared`: optional Hadamard
+    rotation of Q and K, per-block e4m3 with float32 scales, V transposed.
+    Returns a dict (what the kernel reads)."""
+    bm, bn = _blocks(block_m, block_n)
+    if hadamard:
+        hm = hadamard_matrix(q.shape[-1], seed=seed, device_=q.device)
+        q = (q.float() @ hm)
+        k = (k.float() @ hm)
+    q8, qs = quantize_fp8_blocks(q, bm)
+    k8, ks = quantize_fp8_blocks(k, bn)
+    v8, vs = quantize_fp8_blocks(v, bn)
+    vt8 = v8.transpose(-1, -2).contiguous()                   # (B, Hkv, D, NkPad)
+    return {"q8": q8, "qs": qs.contiguous(), "k8": k8, "ks": ks.contiguous(), "vt8": vt8,
+            "vs": vs.contiguous(), "block_m": bm, "block_n": bn, "Nq": q.shape[2],
+            "Nk": k.shape[2], "hadamard": hadamard}
+
+
+def attention_fp8_prepared(prep: dict, is_causal=False, scale=None, return_lse=False, *,
+                           out_dtype=torch.float16, num_stages=None, num_warps=None):
+    """Run the FP8 kernel on tensors from :func:`prepare_fp8` (the benchmark times this
+    alone: in a model the quantisation is fused into the previous layer)."""
+    q8, k8, vt8 = prep["q8"], prep["k8"], prep["vt8"]
+    b, hq, nqpad, d = q8.shape
+    _, hkv, nkpad, _ = k8.shape
+    nq, nk, bm, bn = prep["Nq"], prep["Nk"], prep["block_m"], prep["block_n"]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    o = torch.empty((b, hq, nq, d), device=q8.device, dtype=out_dtype)
+    lse = torch.empty((b, hq, nq), device=q8.device, dtype=torch.float32)
+    q_desc = TensorDescriptor.from_tensor(q8.reshape(-1, d), [bm, d])
+    k_desc = TensorDescriptor.from_tensor(k8.reshape(-1, d), [bn, d])
+    vt_desc = TensorDescriptor.from_tensor(vt8.reshape(-1, nkpad), [d, bn])
+    grid = (nqpad // bm, b * hq)
+    _attn_fwd_fp8[grid](q_desc, k_desc, vt_desc, prep["qs"], prep["ks"], prep["vs"], o, lse,
+                        scale * LOG2E, hq, nq, nk, nkpad, hq // hkv, nqpad // bm, nkpad // bn,
+                        D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=is_causal,
+                        NUM_STAGES=num_stages or device.pick(cpu=1, gpu=3),
+                        num_warps=num_warps or device.pick(cpu=4, gpu=8),
+                        num_stages=num_stages or device.pick(cpu=1, gpu=3))
+    return (o, lse) if return_lse else o
+
+
+def attention_fp8(q, k, v, is_causal=False, scale=None, return_lse=False, *, hadamard=False,
+                  block_m=None, block_n=None, seed=0):
+    """FP8 attention forward from float16 / bfloat16 ``(B, H, N, D)`` inputs: quantise
+    (optionally after the Hadamard rotation), run the FP8 kernel, return the output
+    in the input dtype."""
+    sh = validate_hopper_inputs(q, k, v, is_causal, scale, what="attention_fp8",
+                                head_dims=(16, 32, 64, 128))
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard must be True or False, got {hadamard!r}")
+    prep = prepare_fp8(q, k, v, hadamard=hadamard, block_m=block_m, block_n=block_n, seed=seed)
+    return attention_fp8_prepared(prep, is_causal=is_causal, scale=sh.scale,
+                                  return_lse=return_lse, out_dtype=q.dtype)
+
+
+def fp8_error_report(q, k, v, is_causal=False, *, fp16_forward=None, block_m=None,
+                     block_n=None) -> dict:
+    """RMSE of the FP8 forward (plain and with the Hadamard rotation) and of a 16-bit
+    forward (``fp16_forward``, default: lesson 8's TMA kernel) against the float32
+    reference, all from the same inputs."""
+    if fp16_forward is None:
+        from course_utils.hopper.triton_fwd import attention_tma as fp16_forward
+    ref = naive_attention(q.float(), k.float(), v.float(), is_causal=is_causal)
+    out = {"fp16_vs_fp32": rmse(fp16_forward(q, k, v, is_causal=is_causal), ref)}
+    for had in (False, True):
+        o8 = attention_fp8(q, k, v, is_causal=is_causal, hadamard=had, block_m=block_m,
+                           block_n=block_n)
+        out["fp8_hadamard_vs_fp32" if had else "fp8_vs_fp32"] = rmse(o8, ref)
+    out["ref_rms"] = float(ref.double().pow(2).mean().sqrt())
+    return out

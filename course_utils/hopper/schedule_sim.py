@@ -1,0 +1,569 @@
+"""Lesson 8: an event-level model of one H100 streaming multiprocessor running the
+attention forward under different schedules.
+
+**Units.** Four asynchronous units, each with a throughput per SM (the H100 figure
+divided by its 132 SMs):
+
+=========  ==========================================  =============================
+unit       does                                        H100 rate (whole GPU)
+=========  ==========================================  =============================
+``tma``    bulk tensor copies global -> shared          3.35 TB/s HBM x ``l2_reuse``
+``tensor`` wgmma (Q K^T and P V)                        989 TFLOPS dense fp16
+``mufu``   exp2 of the softmax (special-function unit)  3.9 TFLOPS
+``alu``    the other softmax work: scale, max, sum,     67 TFLOPS fp32 (FMA = 2 FLOPs)
+           convert, rescale O
+=========  ==========================================  =============================
+
+The copy engine serves its requests in order. On the other units one warpgroup's
+ops run in the order it issued them, and several warpgroups are **processor-shared**:
+the warp schedulers interleave the instructions of every ready warp, so two
+warpgroups that issue matmuls together each get half the tensor cores and finish
+together. That is
+why two uncoordinated warpgroups stay in lockstep, and why FlashAttention-3 orders
+them explicitly (ping-pong).
+
+**Warpgroups** run a *program*: a list of instructions executed in order.
+
+* :class:`Op` -- start work on a unit. ``sync=True``: the warpgroup waits for it (the
+  softmax). ``sync=False``: it returns at once (TMA copies, async wgmma), and the op
+  arrives on ``barrier`` when done. ``reads`` / ``writes`` name shared-memory buffers.
+* :class:`Wait` -- block until ``barrier`` has seen ``count`` arrivals (an mbarrier
+  waits for a phase; counting arrivals is the same information without the parity).
+* :class:`Arrive` -- one arrival on a barrier (a consumer releasing a buffer).
+
+**Checks.** The simulator raises :class:`DeadlockError` when nothing is running and
+some warpgroups wait forever (naming each one, its barrier, and the arrivals it
+needs and has), :class:`HazardError` when a buffer is read before its copy completed
+or overwritten while a reader still needs it, and :class:`RegisterBudgetError` when
+the warpgroups' registers do not fit the 64K-register file.
+
+**Assumptions** (parameters of :class:`Hardware`, not measured facts): ``l2_reuse``
+-- a K/V tile is fetched from HBM once and served from L2 to about this many SMs
+working on the same head; every op runs at its unit's full rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Hardware", "H100", "Op", "Wait", "Arrive", "Warpgroup", "Schedule", "SimResult",
+    "SimulationError", "DeadlockError", "HazardError", "RegisterBudgetError",
+    "simulate", "build_schedule", "SCHEDULE_NAMES", "FA3_ABLATION", "register_need",
+    "register_split", "plot_timeline", "compare_with_fa3",
+]
+
+# FlashAttention-3 paper, pipelining ablation (H100, D=128, non-causal, TFLOPS)
+FA3_ABLATION = {"no_ws_pipelined": 570.0, "pingpong": 582.0, "fa3": 661.0}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Whole-GPU throughputs; the simulator divides them by ``num_sms``."""
+    num_sms: int = 132
+    tensor_tflops: float = 989.0     # dense fp16 wgmma
+    exp_tflops: float = 3.9          # MUFU exp2, one op per "FLOP"
+    alu_tflops: float = 67.0         # fp32 FMA units (2 FLOPs per FMA)
+    hbm_tbps: float = 3.35
+    l2_reuse: float = 8.0            # assumption, see the module docstring
+    regs_per_sm: int = 65536
+    max_regs_per_thread: int = 255
+
+    def rate(self, unit: str) -> float:
+        """Work per microsecond on one SM (FLOPs, exps, ALU ops or bytes)."""
+        per_sm = {"tensor": self.tensor_tflops * 1e12,
+                  "mufu": self.exp_tflops * 1e12,
+                  "alu": self.alu_tflops * 1e12 / 2,
+                  "tma": self.hbm_tbps * 1e12 * self.l2_reuse}[unit] / self.num_sms
+        return per_sm / 1e6
+
+
+H100 = Hardware()
+UNITS = ("tma", "tensor", "mufu", "alu")
+FIFO_UNITS = ("tma",)
+
+
+# --------------------------------------------------------------------------- programs
+@dataclass(frozen=True)
+class Op:
+    unit: str
+    work: float
+    label: str
+    sync: bool = True
+    barrier: str | None = None
+    reads: tuple = ()
+    writes: tuple = ()
+    flops: float = 0.0               # matmul FLOPs counted for TFLOPS
+
+
+@dataclass(frozen=True)
+class Wait:
+    barrier: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Arrive:
+    barrier: str
+
+
+@dataclass
+class Warpgroup:
+    name: str
+    role: str                         # "producer" or "consumer"
+    program: list
+    regs: int                         # registers per thread it needs
+    threads: int = 128
+
+
+@dataclass
+class Schedule:
+    name: str
+    warpgroups: list
+    readers: dict = field(default_factory=dict)   # buffer -> readers per fill
+    setmaxnreg: bool = True
+    description: str = ""
+
+
+class SimulationError(RuntimeError):
+    """Base class of everything the simulator refuses."""
+
+
+class DeadlockError(SimulationError):
+    def __init__(self, time, blocked):
+        self.time = time
+        self.blocked = blocked        # [(warpgroup, barrier, needs, has)]
+        lines = [f"  {wg} waits on '{bar}' for arrival #{need}, it has {have}"
+                 for wg, bar, need, have in blocked]
+        super().__init__(
+            f"deadlock at t={time:.3f} us: nothing is running and every unfinished warpgroup "
+            "waits on a barrier that nobody will arrive on:\n" + "\n".join(lines)
+            + "\nLook for a missing Arrive (a consumer that never releases a buffer) or a Wait "
+            "whose count is one phase ahead.")
+
+
+class HazardError(SimulationError):
+    pass
+
+
+class RegisterBudgetError(SimulationError):
+    pass
+
+
+# --------------------------------------------------------------------------- registers
+def register_need(Br: int, Bc: int, D: int, pipelined: bool, overhead: int = 24) -> int:
+    """Registers per thread of a consumer warpgroup (128 threads) holding ``Br`` query
+    rows: the fp32 O accumulator (``Br*D/128``), the fp32 score tile S
+    (``Br*Bc/128``; P overwrites S in place) and, when pipelined, the next block's S
+    as well, plus ``overhead`` for addresses, m, l and loop state."""
+    o = Br * D // 128
+    s = Br * Bc // 128
+    return overhead + o + s * (2 if pipelined else 1)
+
+
+def register_split(roles: list, hw: Hardware = H100, producer_regs: int = 24,
+                   setmaxnreg: bool = True) -> dict:
+    """Registers per thread each warpgroup gets. Without ``setmaxnreg`` every
+    warpgroup gets an equal share; with it the producers drop to ``producer_regs`` and
+    the consumers share the rest (rounded down to a multiple of 8, at most 255)."""
+    n = len(roles)
+    even = min(hw.max_regs_per_thread, (hw.regs_per_sm // (128 * n)) // 8 * 8)
+    if not setmaxnreg:
+        return {i: even for i in range(n)}
+    n_prod = sum(r == "producer" for r in roles)
+    n_cons = n - n_prod
+    if n_cons == 0:
+        return {i: even for i in range(n)}
+    left = hw.regs_per_sm // 128 - producer_regs * n_prod
+    cons = min(240, (left // n_cons) // 8 * 8)
+    return {i: (producer_regs if r == "producer" else cons) for i, r in enumerate(roles)}
+
+
+# --------------------------------------------------------------------------- simulation
+@dataclass
+class SimResult:
+    schedule: str
+    time_us: float
+    busy: dict                       # unit -> us with at least one op running
+    work_time: dict                  # unit -> us of work at full rate
+    trace: list                      # (warpgroup, unit, label, start, end)
+    waits: list                      # (warpgroup, barrier, start, end)
+    flops: float
+    hw: Hardware
+
+    @property
+    def utilization(self) -> dict:
+        """Fraction of the run each unit did useful work (work at full rate / time)."""
+        return {u: self.work_time[u] / self.time_us for u in UNITS}
+
+    @property
+    def tflops(self) -> float:
+        """Predicted whole-GPU matmul TFLOPS: this SM's FLOPs per second times the SMs."""
+        return self.flops / (self.time_us * 1e-6) * self.hw.num_sms / 1e12
+
+
+class _Buffer:
+    __slots__ = ("name", "ready", "unread", "writing", "reading", "readers")
+
+    def __init__(self, name, readers):
+        self.name, self.readers = name, readers
+        self.ready, self.unread, self.writing, self.reading = False, 0, None, []
+
+
+def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = True) -> SimResult:
+    """Run ``schedule`` to completion and return its timeline and statistics."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a Schedule (see build_schedule), got "
+                        f"{type(schedule).__name__}")
+    wgs = schedule.warpgroups
+    if not wgs:
+        raise ValueError("schedule has no warpgroups")
+    if check_registers:
+        _check_registers(schedule, hw)
+    for wg in wgs:
+        for ins in wg.program:
+            if isinstance(ins, Op) and ins.unit not in UNITS:
+                raise ValueError(f"{wg.name}: Op {ins.label!r} names unit {ins.unit!r}; "
+                                 f"units are {UNITS}")
+    rates = {u: hw.rate(u) for u in UNITS}
+    arrivals: dict[str, int] = {}
+    buffers: dict[str, _Buffer] = {}
+    pc = [0] * len(wgs)
+    blocked = [None] * len(wgs)       # ("op", op_id) or ("wait", barrier, count, since)
+    running = {u: [] for u in UNITS}  # unit -> list of [op_id, remaining, wg, op, start]
+    trace, waits = [], []
+    busy = {u: 0.0 for u in UNITS}
+    work_time = {u: 0.0 for u in UNITS}
+    flops = 0.0
+    t = 0.0
+    next_id = 0
+
+    def buf(name):
+        if name not in buffers:
+            buffers[name] = _Buffer(name, schedule.readers.get(name, 1))
+        return buffers[name]
+
+    def start(i, op):
+        nonlocal next_id, flops
+        wg = wgs[i]
+        for name in op.writes:
+            b = buf(name)
+            if b.reading:
+                raise HazardError(
+                    f"t={t:.3f} us: {wg.name} starts '{op.label}', which overwrites {name} "
+                    f"while {', '.join(b.reading)} is still reading it. The producer must wait "
+                    f"for the consumers' release of {name} before refilling it.")
+            if b.writing is not None:
+                raise HazardError(
+                    f"t={t:.3f} us: {wg.name} starts '{op.label}', which overwrites {name} "
+                    f"while the copy '{b.writing}' into it is still in flight and unread. The "
+                    "producer must wait for the consumers' release before refilling it.")
+            if b.unread > 0:
+                raise HazardError(
+                    f"t={t:.3f} us: {wg.name} starts '{op.label}', which overwrites {name} "
+                    f"before {b.unread} of its {b.readers} reader(s) used the previous tile. "
+                    "The producer must wait for the release (the 'empty' barrier) first.")
+            b.ready, b.writing = False, op.label
+        for name in op.reads:
+            b = buf(name)
+            if not b.ready or b.unread <= 0:
+                why = (f"its copy ('{b.writing}') has not completed" if b.writing
+                       else "it holds no tile that this reader has not used")
+                raise HazardError(
+                    f"t={t:.3f} us: {wg.name} starts '{op.label}', which reads {name}, but "
+                    f"{why}. A Wait on the barrier that the copy arrives on is missing.")
+            b.reading.append(wg.name)
+        running[op.unit].append([next_id, float(op.work), i, op, t])
+        work_time[op.unit] += op.work / rates[op.unit]
+        flops += op.flops
+        next_id += 1
+        return next_id - 1
+
+    def finish(entry):
+        op_id, _, i, op, st = entry
+        trace.append((wgs[i].name, op.unit, op.label, st, t))
+        for name in op.writes:
+            b = buffers[name]
+            b.ready, b.unread, b.writing = True, b.readers, None
+        for name in op.reads:
+            b = buffers[name]
+            b.reading.remove(wgs[i].name)
+            b.unread -= 1
+        if op.barrier:
+            arrivals[op.barrier] = arrivals.get(op.barrier, 0) + 1
+        if blocked[i] == ("op", op_id):
+            blocked[i] = None
+
+    def advance_programs():
+        progressed = True
+        while progressed:
+            progressed = False
+            for i, wg in enumerate(wgs):
+                while blocked[i] is None and pc[i] < len(wg.program):
+                    ins = wg.program[pc[i]]
+                    if isinstance(ins, Wait):
+                        if arrivals.get(ins.barrier, 0) < ins.count:
+                            blocked[i] = ("wait", ins.barrier, ins.count, t)
+                            break
+                    elif isinstance(ins, Arrive):
+                        arrivals[ins.barrier] = arrivals.get(ins.barrier, 0) + 1
+                        progressed = True
+                    elif isinstance(ins, Op):
+                        op_id = start(i, ins)
+                        if ins.sync:
+                            blocked[i] = ("op", op_id)
+                    else:
+                        raise TypeError(f"{wg.name}: instruction {pc[i]} is "
+                                        f"{type(ins).__name__}, not Op / Wait / Arrive")
+                    pc[i] += 1
+                # release waits satisfied by arrivals made in this pass
+            for i in range(len(wgs)):
+                bl = blocked[i]
+                if bl and bl[0] == "wait" and arrivals.get(bl[1], 0) >= bl[2]:
+                    if t > bl[3]:
+                        waits.append((wgs[i].name, bl[1], bl[3], t))
+                    blocked[i] = None
+                    progressed = True
+
+    advance_programs()
+    while True:
+        active = [(u, e) for u in UNITS for e in running[u]]
+        if not active:
+            stuck = [(wgs[i].name, b[1], b[2], arrivals.get(b[1], 0))
+                     for i, b in enumerate(blocked) if b and b[0] == "wait"]
+            if stuck:
+                raise DeadlockError(t, stuck)
+            break
+        # the copy engine serves requests in order. The other units run each
+        # warpgroup's ops in its issue order and share their rate among warpgroups
+        # (processor sharing: n warpgroups with work there progress at rate / n each)
+        heads = {}
+        for u in UNITS:
+            firsts = {}
+            for e in running[u]:
+                firsts.setdefault(e[2], e[0])
+            heads[u] = set(firsts.values())
+
+        def share(u, e):
+            if u in FIFO_UNITS:
+                return rates[u] if e is running[u][0] else 0.0
+            return rates[u] / len(heads[u]) if e[0] in heads[u] else 0.0
+        dt = min(e[1] / share(u, e) for u, e in active if share(u, e) > 0)
+        for u in UNITS:
+            if running[u]:
+                busy[u] += dt
+                for e in running[u]:
+                    e[1] -= dt * share(u, e)
+        t += dt
+        for u in UNITS:
+            done = [e for e in running[u] if e[1] <= 1e-9 * max(1.0, rates[u])]
+            running[u] = [e for e in running[u] if e not in done]
+            for e in done:
+                finish(e)
+        advance_programs()
+    return SimResult(schedule.name, t, busy, work_time, trace, waits, flops, hw)
+
+
+def _check_registers(schedule, hw):
+    roles = [wg.role for wg in schedule.warpgroups]
+    split = register_split(roles, hw, setmaxnreg=schedule.setmaxnreg)
+    total = sum(split[i] * wg.threads for i, wg in enumerate(schedule.warpgroups))
+    if total > hw.regs_per_sm:
+        raise RegisterBudgetError(f"{schedule.name}: the warpgroups ask for {total} registers, "
+                                  f"the SM has {hw.regs_per_sm}")
+    for i, wg in enumerate(schedule.warpgroups):
+        if wg.regs > split[i]:
+            how = ("setmaxnreg gives the consumers" if schedule.setmaxnreg
+                   else "an even split (no setmaxnreg) gives each warpgroup")
+            raise RegisterBudgetError(
+                f"{schedule.name}: {wg.name} ({wg.role}) needs {wg.regs} registers per thread "
+                f"but {how} {split[i]}; it would spill to local memory. Use smaller tiles "
+                "(Bc), drop the intra-warpgroup pipeline, or rebalance with setmaxnreg.")
+
+
+# --------------------------------------------------------------------------- schedules
+SCHEDULE_NAMES = ("fa2_serial", "warp_specialized", "intra_pipeline", "pingpong",
+                  "no_ws_pipelined", "fa3")
+
+_DESCRIPTIONS = {
+    "fa2_serial": "two warpgroups, each loads its own K/V and then computes: no producer, "
+                  "no overlap inside a warpgroup",
+    "warp_specialized": "a producer warpgroup streams K/V through a ring of shared-memory "
+                        "stages; two consumer warpgroups compute, uncoordinated",
+    "intra_pipeline": "producer + two consumers; each consumer issues S_{j+1} = Q K_{j+1}^T "
+                      "before the softmax of block j",
+    "pingpong": "producer + two consumers that take turns on the tensor cores (named "
+                "barriers): one does its matmuls while the other does its softmax",
+    "no_ws_pipelined": "ping-pong and the intra-warpgroup pipeline, but the consumers issue "
+                       "their own copies (no producer warpgroup)",
+    "fa3": "producer + ping-pong + intra-warpgroup pipeline: FlashAttention-3's forward",
+}
+
+
+def build_schedule(name: str, *, n_blocks: int = 16, Br: int = 64, Bc: int = 128, D: int = 128,
+                   stages: int = 2, consumers: int = 2, setmaxnreg: bool | None = None) -> Schedule:
+    """The programs of one SM's warpgroups for schedule ``name`` (one of
+    :data:`SCHEDULE_NAMES`): ``consumers`` warpgroups of ``Br`` query rows each walk
+    ``n_blocks`` key blocks of ``Bc`` keys, head dim ``D``; K/V go through ``stages``
+    shared-memory slots."""
+    if name not in SCHEDULE_NAMES:
+        raise ValueError(f"name must be one of {SCHEDULE_NAMES}, got {name!r}")
+    for arg, val in (("n_blocks", n_blocks), ("Br", Br), ("Bc", Bc), ("D", D),
+                     ("stages", stages), ("consumers", consumers)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{arg} must be a positive int, got {val!r}")
+    producer = name not in ("fa2_serial", "no_ws_pipelined")
+    pipelined = name in ("intra_pipeline", "no_ws_pipelined", "fa3")
+    pingpong = name in ("pingpong", "no_ws_pipelined", "fa3")
+    if pingpong and consumers < 2:
+        raise ValueError("ping-pong needs consumers >= 2")
+    if setmaxnreg is None:
+        setmaxnreg = producer
+    kv_bytes = Bc * D * 2
+    gemm = 2.0 * Br * Bc * D
+    n_elem = Br * Bc
+    alu_ops = 4 * n_elem + Br * D          # scale+max, FMA into exp2 arg, sum, convert; rescale O
+    need = register_need(Br, Bc, D, pipelined)
+    wgs = []
+    readers = {}
+
+    def softmax(j, c):
+        return [Op("mufu", n_elem, f"exp S{j}"), Op("alu", alu_ops, f"softmax S{j}")]
+
+    def qk(j, c, slot, sync):
+        return Op("tensor", gemm, f"S{j}=QK{j}", sync=sync, barrier=f"s_done{c}",
+                  reads=(slot("K", j),), flops=gemm)
+
+    def pv(j, c, slot, sync):
+        return Op("tensor", gemm, f"O+=P{j}V{j}", sync=sync, barrier=f"pv_done{c}",
+                  reads=(slot("V", j),), flops=gemm)
+
+    if producer:
+        def slot(kind, j):
+            return f"{kind}[{j % stages}]"
+        for s in range(stages):
+            readers[f"K[{s}]"] = readers[f"V[{s}]"] = consumers
+        prog = []
+        for j in range(n_blocks):
+            s = j % stages
+            use = j // stages
+            # every consumer released this slot's previous K (then V) tile
+            if use:
+                prog.append(Wait(f"k_empty[{s}]", consumers * use))
+            prog.append(Op("tma", kv_bytes, f"load K{j}", sync=False, barrier=f"k_full[{s}]",
+                           writes=(f"K[{s}]",)))
+            if use:
+                prog.append(Wait(f"v_empty[{s}]", consumers * use))
+            prog.append(Op("tma", kv_bytes, f"load V{j}", sync=False, barrier=f"v_full[{s}]",
+                           writes=(f"V[{s}]",)))
+        wgs.append(Warpgroup("producer", "producer", prog, regs=24))
+
+    for c in range(consumers):
+        if not producer:
+            def slot(kind, j, c=c):
+                return f"{kind}{c}[{j % 2}]"
+        prog = []
+
+        def load(j, c=c):
+            if producer:
+                s = j % stages
+                return [Wait(f"k_full[{s}]", j // stages + 1)], [Wait(f"v_full[{s}]", j // stages + 1)]
+            b = j % 2
+            return ([Op("tma", kv_bytes, f"load K{j}", sync=True, writes=(f"K{c}[{b}]",))],
+                    [Op("tma", kv_bytes, f"load V{j}", sync=True, writes=(f"V{c}[{b}]",))])
+
+        def release(kind, j, c=c):
+            return [Arrive(f"{kind}_empty[{j % stages}]")] if producer else []
+
+        def turn_wait(k, c=c):
+            # ping-pong: consumer c's k-th turn on the tensor cores comes after
+            # consumer c-1's k-th turn (consumer 0 after the last one's (k-1)-th)
+            if not pingpong:
+                return []
+            if c == 0:
+                return [Wait(f"turn{c}", k)] if k else []
+            return [Wait(f"turn{c}", k + 1)]
+
+        def turn_pass(c=c):
+            return [Arrive(f"turn{(c + 1) % consumers}")] if pingpong else []
+
+        # turn k on the tensor cores = P_{k-1} V_{k-1} then S_k = Q K_k^T, issued together
+        lk, _ = load(0)
+        prog += lk + turn_wait(0) + [qk(0, c, slot, not pipelined)]
+        if pipelined:
+            prog += [Wait(f"s_done{c}", 1)]
+        prog += release("k", 0) + turn_pass() + softmax(0, c)
+        for j in range(n_blocks):
+            _, lv = load(j)
+            last = j + 1 == n_blocks
+            if not pipelined:
+                prog += lv + turn_wait(j + 1) + [pv(j, c, slot, True)] + release("v", j)
+                if not last:
+                    lk, _ = load(j + 1)
+                    prog += lk + [qk(j + 1, c, slot, True)] + release("k", j + 1)
+                prog += turn_pass()
+                if not last:
+                    prog += softmax(j + 1, c)
+            elif not last:
+                lk, _ = load(j + 1)
+                prog += lk + turn_wait(j + 1) + [qk(j + 1, c, slot, False)]
+                prog += lv + [pv(j, c, slot, False)]
+                # wait for S_{j+1} only: P_j V_j keeps the tensor cores busy meanwhile
+                prog += [Wait(f"s_done{c}", j + 2)] + release("k", j + 1) + turn_pass()
+                prog += softmax(j + 1, c)
+                prog += [Wait(f"pv_done{c}", j + 1)] + release("v", j)
+            else:
+                prog += lv + turn_wait(j + 1) + [pv(j, c, slot, True)] + turn_pass()
+                prog += release("v", j)
+        if not producer:
+            for kind in "KV":
+                for b in range(2):
+                    readers[f"{kind}{c}[{b}]"] = 1
+        wgs.append(Warpgroup(f"consumer{c}", "consumer", prog, regs=need))
+    return Schedule(name, wgs, readers, setmaxnreg, _DESCRIPTIONS[name])
+
+
+def compare_with_fa3(hw: Hardware = H100, **kw) -> list:
+    """Predicted TFLOPS of every schedule next to the FA3 paper's ablation where it has
+    a number; rows sorted by prediction."""
+    rows = []
+    for name in SCHEDULE_NAMES:
+        r = simulate(build_schedule(name, **kw), hw)
+        rows.append({"schedule": name, "predicted_tflops": round(r.tflops, 1),
+                     "tensor_util": round(r.utilization["tensor"], 3),
+                     "fa3_paper_tflops": FA3_ABLATION.get(name)})
+    return sorted(rows, key=lambda r: r["predicted_tflops"])
+
+
+# --------------------------------------------------------------------------- plotting
+_COLORS = {"tma": "#4c72b0", "tensor": "#dd8452", "mufu": "#55a868", "alu": "#8172b3"}
+
+
+def plot_timeline(result: SimResult, ax=None, t_max: float | None = None):
+    """Gantt chart: one row per warpgroup (what it has running on which unit; grey
+    hatched = waiting on a barrier) and one row per unit (busy)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 3.2))
+    names = list(dict.fromkeys(w for w, *_ in result.trace))
+    rows = names + [f"unit: {u}" for u in UNITS]
+    y = {n: i for i, n in enumerate(rows)}
+    for wg, unit, label, st, en in result.trace:
+        ax.broken_barh([(st, en - st)], (y[wg] - 0.4, 0.8), color=_COLORS[unit])
+        ax.broken_barh([(st, en - st)], (y[f"unit: {unit}"] - 0.4, 0.8), color=_COLORS[unit],
+                       alpha=0.45)
+    for wg, bar, st, en in result.waits:
+        if wg in y:
+            ax.broken_barh([(st, en - st)], (y[wg] - 0.15, 0.3), facecolor="none",
+                           edgecolor="grey", hatch="///", linewidth=0.3)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows)
+    ax.invert_yaxis()
+    ax.set_xlim(0, t_max or result.time_us)
+    ax.set_xlabel("time on one SM (microseconds)")
+    ax.set_title(f"{result.schedule}: {result.tflops:.0f} TFLOPS predicted, tensor cores "
+                 f"{100 * result.utilization['tensor']:.0f}% busy")
+    ax.legend(handles=[Patch(color=c, label=u) for u, c in _COLORS.items()]
+              + [Patch(facecolor="none", edgecolor="grey", hatch="///", label="waiting")],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return ax

@@ -1,0 +1,120 @@
+"""Lesson 8 kernels: the TMA forward and the FP8 forward in Triton's interpreter at
+tiny sizes (CPU), everything at real sizes on an sm90 GPU."""
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from course_utils import device
+from course_utils.attention import naive_attention
+from course_utils.hopper import fp8, gluon_fwd, triton_fwd
+
+DEV = device.DEVICE
+
+
+def _qkv(b, hq, hkv, nq, nk, d, dtype=torch.float16, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=g, device=DEV, dtype=dtype)
+            for h, n in ((hq, nq), (hkv, nk), (hkv, nk))]
+
+
+@given(nq=st.integers(1, 40), nk=st.integers(1, 40), causal=st.booleans(),
+       gqa=st.sampled_from([(2, 2), (2, 1)]))
+def test_tma_forward_matches_reference(nq, nk, causal, gqa):
+    q, k, v = _qkv(1, gqa[0], gqa[1], nq, nk, 16)
+    o, lse = triton_fwd.attention_tma(q, k, v, is_causal=causal, return_lse=True)
+    ref, ref_lse = naive_attention(q, k, v, is_causal=causal, return_lse=True)
+    torch.testing.assert_close(o.float(), ref.float(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_tma_forward_rejects_bad_input():
+    q, k, v = _qkv(1, 2, 2, 8, 8, 16)
+    with pytest.raises(TypeError, match="float16"):
+        triton_fwd.attention_tma(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match="head dim D must be one of"):
+        triton_fwd.attention_tma(*_qkv(1, 2, 2, 8, 8, 24))
+    with pytest.raises(ValueError, match="4-D"):
+        triton_fwd.attention_tma(q[0], k, v)
+    with pytest.raises(ValueError, match="num_stages must be a positive int"):
+        triton_fwd.attention_tma(q, k, v, num_stages=0)
+
+
+def test_fp8_quantize_roundtrip_and_scales():
+    x = torch.randn(1, 2, 40, 16)
+    x[..., 3] *= 50
+    x8, s = fp8.quantize_fp8_blocks(x, 16)
+    assert x8.dtype == fp8.FP8_DTYPE and x8.shape == (1, 2, 48, 16) and s.shape == (1, 2, 3)
+    back = fp8.dequantize_fp8_blocks(x8, s, 40)
+    # e4m3 keeps 3 mantissa bits: relative error at most 2^-4 for normal numbers, plus
+    # half a subnormal step (2^-10 of the scale) for the tiny ones
+    step = s.repeat_interleave(16, dim=-1)[..., :40, None] * 2 ** -10
+    assert ((back - x).abs() <= x.abs() * 2 ** -4 + step).all()
+    assert x8.float().abs().amax() == fp8.FP8_MAX
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        fp8.quantize_fp8_blocks(x, 0)
+
+
+def test_hadamard_is_orthogonal_and_spreads_outliers():
+    h = fp8.hadamard_matrix(16, device_="cpu")
+    torch.testing.assert_close(h @ h.T, torch.eye(16), atol=1e-6, rtol=0)
+    x = torch.zeros(1, 16)
+    x[0, 3] = 1.0
+    assert float((x @ h).abs().max()) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="power of two"):
+        fp8.hadamard_matrix(12)
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_fp8_forward_interpreter(hadamard):
+    # fp32 -> fp8 casts in the interpreter are not bit-exact: compare loosely
+    q, k, v = _qkv(1, 2, 1, 33, 20, 16)
+    o = fp8.attention_fp8(q, k, v, is_causal=True, hadamard=hadamard)
+    ref = naive_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert fp8.rmse(o, ref) < 0.1 * float(ref.pow(2).mean().sqrt()) + 0.02
+
+
+def test_gluon_refuses_off_hopper_or_bad_sizes():
+    q, k, v = _qkv(1, 2, 2, 100, 100, 64)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        gluon_fwd.attention_gluon(q, k, v)
+    q, k, v = _qkv(1, 2, 2, 128, 128, 64)
+    with pytest.raises(ValueError, match="non-causal"):
+        gluon_fwd.attention_gluon(q, k, v, is_causal=True)
+    with pytest.raises(ValueError, match="pass pipeline=True"):
+        gluon_fwd.attention_gluon(q, k, v, pingpong=True, pipeline=False)
+    with pytest.raises(ValueError, match="loader_regs"):
+        gluon_fwd.attention_gluon(q, k, v, loader_regs=20)
+    if not device.IS_HOPPER:
+        with pytest.raises(RuntimeError, match="sm90"):
+            gluon_fwd.attention_gluon(q, k, v)
+
+
+@pytest.mark.hopper
+@pytest.mark.skipif(not device.IS_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("pipeline", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_real_size_kernels(pipeline, dtype):
+    q, k, v = _qkv(2, 4, 2, 1024, 1024, 128, dtype)
+    ref = naive_attention(q.float(), k.float(), v.float())
+    tol = 4e-3 if dtype == torch.float16 else 2.5e-2
+    for o in (gluon_fwd.attention_gluon(q, k, v, pipeline=pipeline),
+              gluon_fwd.attention_gluon(q, k, v, pingpong=True, stages=2 + pipeline),
+              triton_fwd.attention_tma(q, k, v, warp_specialize=pipeline)):
+        assert float((o.float() - ref).norm() / ref.norm()) < tol
+    o8 = fp8.attention_fp8(q, k, v, hadamard=pipeline)
+    assert float((o8.float() - ref).norm() / ref.norm()) < 0.08
+
+
+def test_bench_skips_off_hopper_and_ablation_maps_schedules(capsys):
+    import json
+    from pathlib import Path
+    from course_utils.bench import hopper as bench
+    if not device.IS_HOPPER:
+        assert bench.main(["--n", "4096"]) == 0
+        assert "needs a Hopper GPU" in capsys.readouterr().out
+    rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "nvidia-h100-80gb-hbm3"
+                      / "hopper.json").read_text())
+    abl = bench.ablation(rec["rows"], rec["ablation_N"])
+    sims = {r["provider"]: r["sim_tflops"] for r in abl}
+    assert sims["gluon_pingpong"] > sims["gluon_ws_serial"] and sims["sdpa_cudnn"] is None
+    assert all(r.get("tflops") for r in abl), "every committed provider has a measurement"

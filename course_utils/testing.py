@@ -41,6 +41,9 @@ def main(argv=None):
     extra = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                MPLBACKEND="Agg")
+    # one math thread per test worker: the workers already keep every core busy, and
+    # oversubscribed torch threads make small CPU problems hundreds of times slower
+    env.setdefault("OMP_NUM_THREADS", "1")
     failed = []
     t_all = time.time()
     for name, cmd in steps(extra):

@@ -1,0 +1,127 @@
+"""Where the time goes: one launch of each attention kernel under Nsight Compute.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+        --section LaunchStats \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:sm__pipe_tensor.*pct_of_peak_sustained_active" \
+        -o prof -f python benchmarks/gpu_profile.py
+    python benchmarks/gpu_profile.py --report prof.ncu-rep
+
+The first command warms every kernel up (the autotuner picks its tile shapes outside
+the profiled range), then profiles exactly one call of each: the lesson-6 forward, the
+lesson-7 backward (its three kernels), the best lesson-8 Gluon forward, the FP8
+forward and cuDNN's attention through SDPA, all at B=2, H=16, N=8192, D=128, float16,
+non-causal. The second command prints, per kernel: time, tensor-pipe and SM
+utilisation, registers per thread, and the four largest warp-stall reasons.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def workloads():
+    import torch
+
+    from course_utils import device
+    from course_utils.triton_attention import triton_attention
+
+    g = torch.Generator(device=device.DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(2, 16, 8192, 128, device=device.DEVICE, dtype=torch.float16,
+                           generator=g).requires_grad_() for _ in range(3))
+    do = torch.randn_like(q)
+
+    def fwd():
+        with torch.no_grad():
+            triton_attention(q, k, v)
+
+    def bwd():
+        o = triton_attention(q, k, v)
+        torch.autograd.grad(o, (q, k, v), do)
+
+    def cudnn():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with torch.no_grad(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    work = {"lesson6_fwd": fwd, "lesson7_fwd_bwd": bwd, "sdpa_cudnn": cudnn}
+    try:
+        from course_utils.hopper.gluon_fwd import attention_gluon
+        qd, kd, vd = q.detach(), k.detach(), v.detach()
+        work["gluon_pingpong_s3"] = lambda: attention_gluon(qd, kd, vd, pingpong=True, stages=3)
+        from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
+        prep = prepare_fp8(qd, kd, vd, hadamard=True)
+        work["fp8_hadamard"] = lambda: attention_fp8_prepared(prep, out_dtype=qd.dtype)
+    except Exception as e:  # a machine without Gluon still profiles the rest
+        print(f"lesson-8 kernels left out: {type(e).__name__}: {e}")
+    return work
+
+
+def profile():
+    import torch
+    work = workloads()
+    for fn in work.values():          # compile and autotune outside the profiled range
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    for name, fn in work.items():
+        torch.cuda.nvtx.range_push(name)
+        torch.cuda.cudart().cudaProfilerStart()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        torch.cuda.nvtx.range_pop()
+    print("profiled: " + ", ".join(work))
+
+
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio")
+
+
+def _num(text):
+    try:
+        return float(str(text).replace(",", ""))
+    except ValueError:
+        return None
+
+
+def report(rep):
+    """One block per profiled kernel from the raw metrics of a saved report."""
+    out = subprocess.run(["ncu", "--import", rep, "--csv", "--page", "raw"],
+                         capture_output=True, text=True, check=True).stdout
+    Path(rep).with_suffix(".csv").write_text(out)
+    rows = list(csv.reader(io.StringIO(out)))
+    head, units, body = rows[0], rows[1], rows[2:]
+    col = {name: i for i, name in enumerate(head)}
+
+    def get(r, name):
+        return _num(r[col[name]]) if name in col else None
+
+    for r in body:
+        name = r[col["Kernel Name"]][:70]
+        t = get(r, "gpu__time_duration.sum")
+        unit = units[col["gpu__time_duration.sum"]] if "gpu__time_duration.sum" in col else ""
+        sm = get(r, "sm__throughput.avg.pct_of_peak_sustained_elapsed")
+        regs = get(r, "launch__registers_per_thread")
+        tensor = [(h, get(r, h)) for h in ("sm__pipe_tensor_cycles_active.avg."
+                                           "pct_of_peak_sustained_active",) if get(r, h)]
+        stalls = sorted(((v, STALL.match(h).group(1)) for h in head if STALL.match(h)
+                         for v in [_num(r[col[h]])] if v), reverse=True)[:4]
+        print(f"{name}\n    time {t} {unit}, SM throughput {sm}%, registers/thread {regs}")
+        for h, v in tensor:
+            print(f"    {h} = {v:.1f}%")
+        if stalls:
+            print("    stalls (warps per issued instruction): "
+                  + ", ".join(f"{n} {v:.2f}" for v, n in stalls))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", metavar="REP", help="summarise a saved .ncu-rep instead")
+    args = ap.parse_args()
+    report(args.report) if args.report else profile()

@@ -1,0 +1,559 @@
+"""Lessons 6 and 7: FlashAttention-2 in Triton, forward and backward.
+
+Entry point: :func:`triton_attention` ``(q, k, v, is_causal=False, scale=None,
+return_lse=False)``, shaped like ``torch.nn.functional.scaled_dot_product_attention``:
+``q`` is ``(B, Hq, Nq, D)``, ``k`` and ``v`` are ``(B, Hkv, Nk, D)`` with ``Hq % Hkv == 0``
+(MHA, GQA, MQA), ``is_causal`` is SDPA's top-left mask (query ``i`` sees keys ``j <= i``).
+It is differentiable through :class:`TritonAttention`, an ``autograd.Function``.
+
+Forward, :func:`_attn_fwd`, grid ``(ceil(Nq / BLOCK_M), B * Hq)``: one program owns one
+query tile, keeps the running state ``(m, l, acc)`` of lesson 3 in registers and streams
+the key/value tiles past it. Scores are kept in base 2: ``log2(e)`` is folded into the
+scale once (``qk_scale = scale * log2(e)``), so every exponential is an ``exp2``. The
+key loop is split in two: tiles that need no mask at all (every key visible to every
+row of the tile: "off-band") run without a single comparison; the few tiles that cut
+through the causal diagonal or the end of the sequence ("on-band") run with masks.
+It writes ``O`` and the natural-log ``lse`` of each row.
+
+Backward, three kernels (lesson 5's formulas, with ``P = exp2(qk_scale * S - lse * log2 e)``):
+
+1. :func:`_attn_bwd_delta`: ``Delta_i = rowsum(dO_i * O_i)``;
+2. :func:`_attn_bwd_dkdv`, KV-stationary, grid ``(ceil(Nk / BLOCK_N1), B * Hkv)``: one
+   program holds one key/value tile and walks over the query tiles of every query head
+   of its group, accumulating ``dV = P^T dO`` and ``dK = scale * dS^T Q`` in registers;
+   summing over the group happens here, so GQA needs no atomics;
+3. :func:`_attn_bwd_dq`, Q-stationary, grid ``(ceil(Nq / BLOCK_M2), B * Hq)``: one
+   program holds one query tile and walks over the key tiles: ``dQ = scale * dS K``.
+
+Sizes: any ``Nq`` and ``Nk`` (edges masked), head dims 16, 32, 64, 128 and 256 natively;
+other head dims up to 256 are padded inside the kernel to the next power of two (masked
+loads, so nothing is copied). Inputs may be strided (any strides; nothing is copied).
+
+Dtypes: float16 and bfloat16 with float32 accumulators; the output has the input dtype
+and ``lse`` is float32. float32 inputs are accepted: the matrix products then run as
+TF32 on a GPU's tensor cores (about three significant digits, like PyTorch with
+``allow_tf32``) and exactly in the CPU interpreter. float64 raises ``TypeError``.
+
+Configurations: in the CPU interpreter one fixed small configuration; on a GPU each
+kernel is autotuned over a few tile shapes (set ``COURSE_TRITON_AUTOTUNE=0`` for one
+fixed GPU configuration, which compiles faster).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from course_utils import device  # sets TRITON_INTERPRET before triton is imported
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from course_utils.attention import validate_attention_inputs  # noqa: E402
+
+__all__ = ["triton_attention", "triton_attention_forward", "triton_attention_backward",
+           "TritonAttention", "SUPPORTED_HEAD_DIMS", "MAX_HEAD_DIM", "LOG2E",
+           "padded_head_dim", "fwd_configs", "bwd_configs"]
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_AUTOTUNE = device.HAS_GPU and os.environ.get("COURSE_TRITON_AUTOTUNE", "1") != "0"
+
+
+def padded_head_dim(d: int) -> int:
+    """The power of two (at least 16, the smallest ``tl.dot`` size) a head dim runs as."""
+    return max(16, 1 << (int(d) - 1).bit_length())
+
+
+# --------------------------------------------------------------------------- configs
+def fwd_configs():
+    """Tile shapes tried for the forward: (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    if device.INTERPRET:
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    shapes = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 2)]
+    if not _AUTOTUNE:
+        shapes = [(64, 64, 4, 2)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in shapes]
+
+
+def bwd_configs(kernel: str):
+    """Tile shapes tried for the backward kernels ``'dkdv'`` and ``'dq'``."""
+    if device.INTERPRET:
+        blocks = {"dkdv": {"BLOCK_M1": 16, "BLOCK_N1": 32},
+                  "dq": {"BLOCK_M2": 32, "BLOCK_N2": 16}}[kernel]
+        return [triton.Config(blocks, num_warps=4, num_stages=1)]
+    if kernel == "dkdv":
+        shapes = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 2)]
+        names = ("BLOCK_M1", "BLOCK_N1")
+    else:
+        shapes = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2)]
+        names = ("BLOCK_M2", "BLOCK_N2")
+    if not _AUTOTUNE:
+        shapes = shapes[-1:]
+    return [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s)
+            for m, n, w, s in shapes]
+
+
+def _fits(configs, named_args, **kwargs):
+    """Drop tile shapes that cannot hold a head dim of 256 in shared memory."""
+    d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+    if d is None or d < 256 or len(configs) == 1:
+        return configs
+    small = [c for c in configs if math.prod(v for v in c.kwargs.values()) <= 64 * 64 * 2]
+    return small or configs[-1:]
+
+
+def _tuned(configs, key):
+    if device.INTERPRET:
+        return lambda fn: triton.autotune(configs=configs, key=key)(fn)
+    def bench(fn, quantiles=None, **_):
+        # short timing runs: the configurations differ by far more than the noise
+        import triton.testing
+        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+    return lambda fn: triton.autotune(configs=configs, key=key, do_bench=bench,
+                                      prune_configs_by={"early_config_prune": _fits})(fn)
+
+
+# --------------------------------------------------------------------------- forward
+# Lengths, head counts and the true head dim change from call to call; compiling a
+# variant for each (Triton specialises ints divisible by 16, or equal to 1) would only
+# add compile time, so they are not specialised. Strides still are.
+def _jit(fn):
+    import inspect
+    names = [n for n in ("HQ", "HKV", "GROUP", "NQ", "NK", "D")
+             if n in inspect.signature(fn).parameters]
+    return triton.jit(do_not_specialize=names)(fn)
+
+
+@triton.jit
+def _mm(a, b, UPCAST: tl.constexpr):
+    """``tl.dot``. Triton's CPU interpreter multiplies bfloat16 operands as raw 16-bit
+    integers, so there (``UPCAST``) the operands go in as float32: the products of two
+    bfloat16 numbers are exact in float32, so the result is the same."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d, D, NK, lo, hi,
+               qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               PAD_D: tl.constexpr, UPCAST: tl.constexpr):
+    """Stream key/value tiles ``[lo, hi)`` past the running state of one query tile.
+    ``MASKED=False``: every key of every tile is visible, so no comparison is made."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[:, None] * skn + offs_d[None, :]
+        v_ptrs = v_base + cols[:, None] * svn + offs_d[None, :]
+        if MASKED:
+            ok = cols[:, None] < NK
+            if PAD_D:
+                ok = ok & (offs_d[None, :] < D)
+            k = tl.load(k_ptrs, mask=ok, other=0.0)
+            v = tl.load(v_ptrs, mask=ok, other=0.0)
+        elif PAD_D:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        s = _mm(q, tl.trans(k), UPCAST) * qk_scale          # scores in base-2 units
+        if MASKED:
+            visible = cols[None, :] < NK
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)                  # rescales the old state
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, UPCAST)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@_jit
+def _attn_fwd_kernel(Q, K, V, O, LSE,
+                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                     HQ, GROUP, NQ, NK, D, qk_scale,
+                     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                     UPCAST: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig)
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = (bh % HQ).to(tl.int64)
+    kvh = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m[:, None] < NQ
+    if PAD_D:
+        row_ok = row_ok & (offs_d[None, :] < D)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :],
+                mask=row_ok, other=0.0)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    nk_full = NK - NK % BLOCK_N                      # keys in whole, in-range tiles
+    if CAUSAL:
+        # off-band: keys < start_m are visible to every row of this tile
+        mid = tl.minimum(start_m, nk_full)
+        hi = tl.minimum(start_m + BLOCK_M, NK)       # on-band ends at the tile's last row
+    else:
+        mid = nk_full
+        hi = NK
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d,
+                               D, NK, 0, mid, qk_scale, BLOCK_N, False, CAUSAL, PAD_D, UPCAST)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d,
+                               D, NK, mid, hi, qk_scale, BLOCK_N, True, CAUSAL, PAD_D, UPCAST)
+    o = acc / l_i[:, None]
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :],
+             o.to(O.dtype.element_ty), mask=row_ok)
+    # natural-log lse, the same convention as lessons 3-5
+    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+    tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=offs_m < NQ)
+
+
+_attn_fwd = _tuned(fwd_configs(), ["NQ", "NK", "HEAD_DIM", "CAUSAL", "PAD_D"])(_attn_fwd_kernel)
+
+
+# --------------------------------------------------------------------------- backward
+@_jit
+def _attn_bwd_delta(O, DO, DELTA, sob, soh, son, sdb, sdh, sdn, HQ, NQ, D,
+                    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """``Delta_i = sum_d dO[i, d] * O[i, d]`` for one block of rows, in float32."""
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = (bh % HQ).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = (offs_m[:, None] < NQ) & (offs_d[None, :] < D)
+    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :], mask=ok,
+                 other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh.to(tl.int64) * NQ + offs_m, delta, mask=offs_m < NQ)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqn, sdn,
+                offs_n, offs_d, D, NQ, lo, hi, qk_scale,
+                BLOCK_M1: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                PAD_D: tl.constexpr, UPCAST: tl.constexpr):
+    """Add the query tiles ``[lo, hi)`` into one key/value tile's ``dK`` and ``dV``.
+
+    Works on transposed tiles (keys along rows): ``S^T = K Q^T``, ``P^T``, ``dP^T = V dO^T``.
+    Query rows past ``NQ`` load as zeros, so their ``dO`` and ``Q`` add nothing."""
+    offs_m = tl.arange(0, BLOCK_M1)
+    for start_m in range(lo, hi, BLOCK_M1):
+        rows = start_m + offs_m
+        q_ptrs = q_base + rows[None, :] * sqn + offs_d[:, None]      # (D, BLOCK_M1): Q^T
+        do_ptrs = do_base + rows[:, None] * sdn + offs_d[None, :]    # (BLOCK_M1, D)
+        if MASKED:
+            okT = rows[None, :] < NQ
+            ok = rows[:, None] < NQ
+            if PAD_D:
+                okT = okT & (offs_d[:, None] < D)
+                ok = ok & (offs_d[None, :] < D)
+            qT = tl.load(q_ptrs, mask=okT, other=0.0)
+            do = tl.load(do_ptrs, mask=ok, other=0.0)
+            lse = tl.load(lse_base + rows, mask=rows < NQ, other=0.0)
+            delta = tl.load(delta_base + rows, mask=rows < NQ, other=0.0)
+        elif PAD_D:
+            qT = tl.load(q_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            do = tl.load(do_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            lse = tl.load(lse_base + rows)
+            delta = tl.load(delta_base + rows)
+        else:
+            qT = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_base + rows)
+            delta = tl.load(delta_base + rows)
+        sT = _mm(k, qT, UPCAST) * qk_scale                                # (BLOCK_N1, BLOCK_M1)
+        pT = tl.exp2(sT - (lse * 1.4426950408889634)[None, :])
+        if MASKED:
+            if CAUSAL:
+                pT = tl.where(rows[None, :] >= offs_n[:, None], pT, 0.0)
+        dv += _mm(pT.to(do.dtype), do, UPCAST)
+        dpT = _mm(v, tl.trans(do), UPCAST)
+        dsT = pT * (dpT - delta[None, :])
+        dk += _mm(dsT.to(qT.dtype), tl.trans(qT), UPCAST)
+    return dk, dv
+
+
+@_jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+                          sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
+                          sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+                          HQ, HKV, GROUP, NQ, NK, D, qk_scale, scale,
+                          HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                     UPCAST: tl.constexpr,
+                          BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bkv = tl.program_id(1)
+    b = (bkv // HKV).to(tl.int64)
+    kvh = (bkv % HKV).to(tl.int64)
+    start_n = pid_n * BLOCK_N1
+    offs_n = start_n + tl.arange(0, BLOCK_N1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = offs_n[:, None] < NK
+    if PAD_D:
+        ok = ok & (offs_d[None, :] < D)
+    k = tl.load(K + b * skb + kvh * skh + offs_n[:, None] * skn + offs_d[None, :], mask=ok,
+                other=0.0)
+    v = tl.load(V + b * svb + kvh * svh + offs_n[:, None] * svn + offs_d[None, :], mask=ok,
+                other=0.0)
+    dk = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
+    nq_full = NQ - NQ % BLOCK_M1
+    for g in range(GROUP):                       # every query head that reads this kv head
+        h = kvh * GROUP + g
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdb + h * sdh
+        row_base = (b * HQ + h) * NQ
+        if CAUSAL:
+            # on-band: query rows start_n .. start_n + BLOCK_N1 - 1 cut the diagonal
+            band_hi = tl.minimum(start_n + BLOCK_N1, NQ)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base,
+                                 DELTA + row_base, sqn, sdn, offs_n, offs_d, D, NQ,
+                                 start_n, band_hi, qk_scale, BLOCK_M1, True, True, PAD_D, UPCAST)
+            lo = start_n + BLOCK_N1              # below the band every key is visible
+        else:
+            lo = 0
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
+                             sqn, sdn, offs_n, offs_d, D, NQ, lo, nq_full, qk_scale,
+                             BLOCK_M1, False, False, PAD_D, UPCAST)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
+                             sqn, sdn, offs_n, offs_d, D, NQ, tl.maximum(lo, nq_full), NQ,
+                             qk_scale, BLOCK_M1, True, False, PAD_D, UPCAST)
+    tl.store(DK + b * sdkb + kvh * sdkh + offs_n[:, None] * sdkn + offs_d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=ok)
+    tl.store(DV + b * sdvb + kvh * sdvh + offs_n[:, None] * sdvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, D, NK, lo, hi,
+              qk_scale, BLOCK_N2: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              PAD_D: tl.constexpr, UPCAST: tl.constexpr):
+    """Add the key tiles ``[lo, hi)`` into one query tile's ``dQ``. Keys past ``NK`` load
+    as zeros: their ``dS`` is multiplied by a zero row of ``K`` and adds nothing."""
+    offs_n = tl.arange(0, BLOCK_N2)
+    for start_n in range(lo, hi, BLOCK_N2):
+        cols = start_n + offs_n
+        kT_ptrs = k_base + cols[None, :] * skn + offs_d[:, None]     # (D, BLOCK_N2): K^T
+        vT_ptrs = v_base + cols[None, :] * svn + offs_d[:, None]
+        if MASKED:
+            okT = cols[None, :] < NK
+            if PAD_D:
+                okT = okT & (offs_d[:, None] < D)
+            kT = tl.load(kT_ptrs, mask=okT, other=0.0)
+            vT = tl.load(vT_ptrs, mask=okT, other=0.0)
+        elif PAD_D:
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+            vT = tl.load(vT_ptrs)
+        s = _mm(q, kT, UPCAST) * qk_scale
+        p = tl.exp2(s - lse2[:, None])
+        if MASKED:
+            if CAUSAL:
+                p = tl.where(cols[None, :] <= offs_m[:, None], p, 0.0)
+        dp = _mm(do, vT, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq += _mm(ds.to(kT.dtype), tl.trans(kT), UPCAST)
+    return dq
+
+
+@_jit
+def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+                        sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
+                        sdqb, sdqh, sdqn,
+                        HQ, GROUP, NQ, NK, D, qk_scale, scale,
+                        HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                     UPCAST: tl.constexpr,
+                        BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = (bh % HQ).to(tl.int64)
+    kvh = h // GROUP
+    start_m = pid_m * BLOCK_M2
+    offs_m = start_m + tl.arange(0, BLOCK_M2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = offs_m[:, None] < NQ
+    if PAD_D:
+        ok = ok & (offs_d[None, :] < D)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :], mask=ok,
+                other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :], mask=ok,
+                 other=0.0)
+    row_ok = offs_m < NQ
+    lse2 = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+    delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+    dq = tl.zeros([BLOCK_M2, HEAD_DIM], tl.float32)
+    nk_full = NK - NK % BLOCK_N2
+    if CAUSAL:
+        mid = tl.minimum(start_m, nk_full)
+        hi = tl.minimum(start_m + BLOCK_M2, NK)
+    else:
+        mid = nk_full
+        hi = NK
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, D, NK,
+                   0, mid, qk_scale, BLOCK_N2, False, CAUSAL, PAD_D, UPCAST)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, D, NK,
+                   mid, hi, qk_scale, BLOCK_N2, True, CAUSAL, PAD_D, UPCAST)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqn + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+_KEY = ["NQ", "NK", "HEAD_DIM", "CAUSAL", "PAD_D"]
+_attn_bwd_dkdv = _tuned(bwd_configs("dkdv"), _KEY)(_attn_bwd_dkdv_kernel)
+_attn_bwd_dq = _tuned(bwd_configs("dq"), _KEY)(_attn_bwd_dq_kernel)
+
+
+# --------------------------------------------------------------------------- host side
+def _validate(q, k, v, is_causal, scale):
+    sh = validate_attention_inputs(q, k, v, is_causal=is_causal, scale=scale)
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"triton_attention takes float16, bfloat16 or float32 tensors, got "
+                        f"{q.dtype} (float64 has no tensor-core path; use "
+                        f"course_utils.attention.naive_attention for float64)")
+    if sh.D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={sh.D} is too large: triton_attention supports D <= "
+                         f"{MAX_HEAD_DIM} (natively {SUPPORTED_HEAD_DIMS}; others are padded)")
+    if q.device.type == "cpu" and not device.INTERPRET:
+        raise ValueError("q, k and v are on the CPU but Triton is compiling for the GPU: move "
+                         "them to course_utils.device.DEVICE")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q, k and v must be on the CPU (interpreter) or a CUDA GPU, got "
+                         f"{q.device}")
+    return sh
+
+
+def _upcast(t):
+    return device.INTERPRET and t.dtype == torch.bfloat16
+
+
+def _inner_contig(t):
+    """The kernels assume stride 1 along the head dim (one 16-byte vector per load);
+    any other layout is copied once. Every other stride is passed as it is."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _grid_rows(n, meta_key):
+    return lambda meta: (triton.cdiv(n, meta[meta_key]),)
+
+
+def triton_attention_forward(q, k, v, is_causal=False, scale=None):
+    """Run the forward kernel; return ``(o, lse)`` (``lse``: natural log, float32,
+    ``(B, Hq, Nq)``). No autograd: see :func:`triton_attention`."""
+    sh = _validate(q, k, v, is_causal, scale)
+    q, k, v = _inner_contig(q), _inner_contig(k), _inner_contig(v)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((sh.B, sh.Hq, sh.Nq), dtype=torch.float32, device=q.device)
+    hd = padded_head_dim(sh.D)
+
+    def grid(meta):
+        return (triton.cdiv(sh.Nq, meta["BLOCK_M"]), sh.B * sh.Hq)
+
+    _attn_fwd[grid](q, k, v, o, lse,
+                    q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                    v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+                    sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
+                    HEAD_DIM=hd, CAUSAL=bool(is_causal), PAD_D=hd != sh.D,
+                    UPCAST=_upcast(q))
+    return o, lse
+
+
+def triton_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None):
+    """Gradients ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and the incoming
+    ``do``: the Delta preprocess, then the dK/dV and the dQ kernels."""
+    sh = _validate(q, k, v, is_causal, scale)
+    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, got {got}")
+    q, k, v, o, do = (_inner_contig(t) for t in (q, k, v, o, do))
+    lse = lse.float().contiguous()
+    hd = padded_head_dim(sh.D)
+    pad = hd != sh.D
+    causal = bool(is_causal)
+    delta = torch.empty_like(lse)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    block = 64 if device.HAS_GPU else 32
+    _attn_bwd_delta[(triton.cdiv(sh.Nq, block), sh.B * sh.Hq)](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1),
+        do.stride(2), sh.Hq, sh.Nq, sh.D, HEAD_DIM=hd, BLOCK=block)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+
+    def grid_kv(meta):
+        return (triton.cdiv(sh.Nk, meta["BLOCK_N1"]), sh.B * sh.Hkv)
+
+    _attn_bwd_dkdv[grid_kv](q, k, v, do, lse, delta, dk, dv, *strides,
+                            dk.stride(0), dk.stride(1), dk.stride(2),
+                            dv.stride(0), dv.stride(1), dv.stride(2),
+                            sh.Hq, sh.Hkv, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
+                            sh.scale, HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+
+    def grid_q(meta):
+        return (triton.cdiv(sh.Nq, meta["BLOCK_M2"]), sh.B * sh.Hq)
+
+    _attn_bwd_dq[grid_q](q, k, v, do, lse, delta, dq, *strides,
+                         dq.stride(0), dq.stride(1), dq.stride(2),
+                         sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E, sh.scale,
+                         HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+    return dq, dk, dv
+
+
+class TritonAttention(torch.autograd.Function):
+    """``forward`` runs the fused forward and saves ``(q, k, v, o, lse)``; ``backward``
+    runs the three backward kernels. ``lse`` is returned but not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        o, lse = triton_attention_forward(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = triton_attention_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def triton_attention(q, k, v, is_causal=False, scale=None, return_lse=False):
+    """Fused FlashAttention-2 in Triton: ``softmax(scale * Q K^T [+ causal mask]) V``.
+
+    ``q``: ``(B, Hq, Nq, D)``; ``k``, ``v``: ``(B, Hkv, Nk, D)``, ``Hq % Hkv == 0``;
+    ``is_causal``: SDPA's top-left mask; ``scale``: default ``1 / sqrt(D)``.
+    Returns ``o`` (the input dtype), or ``(o, lse)`` with ``return_lse=True`` (``lse``:
+    natural log, float32, ``(B, Hq, Nq)``, not differentiable). Gradients flow to
+    ``q``, ``k`` and ``v``. Bad inputs raise ``TypeError``/``ValueError`` before any launch.
+    """
+    _validate(q, k, v, is_causal, scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
+    o, lse = TritonAttention.apply(q, k, v, is_causal, scale)
+    return (o, lse) if return_lse else o

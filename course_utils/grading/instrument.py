@@ -1,0 +1,306 @@
+"""The official graded template and the notebooks built from it.
+
+The template is the normalised solution notebook (``solutions/NN_*.ipynb``):
+its answer cells hold the official answers and its check cells hold every test,
+hidden ones included. From it the grader builds, for each run, a notebook of
+code cells only (no outputs, metadata or tags):
+
+* ``reference`` / ``student``: the template with the official (reference) or
+  the student's answer sources, stripped of nbval markers. Each answer cell is
+  followed by ``__course_grade__.export(...)`` for the names the official
+  answer defines; every other cell is preceded by ``cell_start``.
+* ``verify``: the template with each answer cell replaced by
+  ``__course_grade__.bind(...)`` and each check call ``check_x(a, b, ...)``
+  routed through ``__course_grade__.verify_call(<exercise>, <site>, check_x, a, b, ...)``.
+  No student code is in this notebook.
+
+In every mode a check call that is a statement of its own is guarded
+(``try: ... except Exception: ...``): a failed check does not stop its cell,
+so the later checks of the cell (hidden tests included) are still run and
+reported, and the answer functions get the same calls in both kernels.
+
+A *check call* is a call whose function name starts with ``check_`` (the
+``course_utils`` checks and the lesson checks built on them) or is
+``assert_close``.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+import nbformat
+
+from course_utils import problems
+
+KERNEL_NAME = "__course_grade__"
+_NBVAL_RE = re.compile(r"#\s*NBVAL_[A-Z_]+")
+
+
+class TemplateError(ValueError):
+    """The official template cannot be graded as written; the message says where."""
+
+
+@dataclass
+class Exercise:
+    id: str
+    points: int
+    answer_index: int
+    check_index: int
+    answer_id: str
+    check_id: str
+    stub: str                      # the exercise version of the answer cell
+    visible_check: str             # the check cell as students see it
+    full_check: str                # the check cell with its hidden tests
+    hidden_sites: set = field(default_factory=set)
+
+
+def exercises_of(nb, where="template") -> list[Exercise]:
+    """The exercises of a normalised solution notebook, in notebook order."""
+    answers, checks = {}, {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("course")
+        if not meta or cell.cell_type != "code":
+            continue
+        role, ex = meta.get("role"), str(meta.get("exercise"))
+        if role == "answer":
+            answers[ex] = (i, int(meta.get("points", 1)), cell)
+        elif role == "check":
+            checks[ex] = (i, cell)
+    if not answers:
+        raise TemplateError(f"{where}: no answer cells with metadata.course; "
+                            "run `python -m course_utils.problems build NN` first")
+    out = []
+    for ex, (i, pts, cell) in answers.items():
+        if ex not in checks:
+            raise TemplateError(f"{where}: exercise {ex} has no check cell")
+        j, ccell = checks[ex]
+        out.append(Exercise(ex, pts, i, j, cell.get("id", ""), ccell.get("id", ""),
+                            problems.exercise_source(cell.source, ex),
+                            problems.check_source(ccell.source), ccell.source))
+    return sorted(out, key=lambda e: e.answer_index)
+
+
+def _python_source(src: str) -> str:
+    """Cell source as plain Python (IPython magics turned into calls)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(src)
+
+
+def _is_check_call(node: ast.Call) -> str | None:
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    if name and (name.startswith("check_") or name == "assert_close"):
+        return name
+    return None
+
+
+def _hook(name: str, *args) -> ast.Call:
+    return ast.Call(func=ast.Attribute(value=ast.Name(KERNEL_NAME, ast.Load()), attr=name,
+                                       ctx=ast.Load()), args=list(args), keywords=[])
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Rewrites a check cell. ``verify``: each check call goes through
+    ``verify_call``. Both modes: a statement that is a check call on its own (at
+    the top of the cell or in its loops and branches, not inside a function) is
+    guarded, so that a failed check does not stop the cell: every later check,
+    hidden tests included, still runs and gets its own verdict."""
+
+    def __init__(self, exercise, hidden_lines, verify=True):
+        self.ex, self.hidden, self.verify = exercise, hidden_lines, verify
+        self.sites = []          # (site, function name, hidden?)
+        self.in_def = 0
+
+    def visit_Call(self, node):
+        name = _is_check_call(node)
+        if not name:
+            return self.generic_visit(node)
+        site = len(self.sites)
+        self.sites.append((site, name, node.lineno - 1 in self.hidden))
+        node = self.generic_visit(node)
+        if not self.verify:
+            return node
+        new = _hook("verify_call", ast.Constant(self.ex), ast.Constant(site), node.func, *node.args)
+        new.keywords = node.keywords
+        return ast.copy_location(new, node)
+
+    def _scoped(self, node):
+        self.in_def += 1
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.in_def -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = _scoped
+
+    def visit_Expr(self, node):
+        if self.in_def or not isinstance(node.value, ast.Call) or not _is_check_call(node.value):
+            return self.generic_visit(node)
+        site = len(self.sites)
+        node = self.generic_visit(node)
+        if self.verify:
+            err = f"{KERNEL_NAME}_error"
+            handler_body = [ast.Expr(_hook("stopped", ast.Constant(self.ex), ast.Constant(site),
+                                           ast.Name(err, ast.Load())))]
+        else:
+            err, handler_body = None, [ast.Pass()]
+        guard = ast.Try(body=[node], handlers=[ast.ExceptHandler(
+            type=ast.Name("Exception", ast.Load()), name=err, body=handler_body)],
+            orelse=[], finalbody=[])
+        return ast.copy_location(guard, node)
+
+
+def _parse_check(src: str, where: str):
+    try:
+        return ast.parse(_python_source(src))
+    except SyntaxError as e:
+        raise TemplateError(f"{where}: not valid Python ({e.msg}, line {e.lineno})") from None
+
+
+def rewrite_check(src: str, exercise: str, where: str = "check cell"):
+    """Route each check call of a check cell through ``verify_call``.
+    Returns ``(source, sites)``; ``sites`` lists ``(site, function, hidden)``."""
+    hidden = set()
+    for a, b in problems._regions(src, problems.HBEGIN, problems.HEND, where):
+        hidden.update(range(a, b + 1))
+    tree = _parse_check(src, where)
+    rw = _Rewriter(exercise, hidden)
+    tree = rw.visit(tree)
+    ast.fix_missing_locations(tree)
+    if not rw.sites:
+        raise TemplateError(f"{where}: calls no check function (check_... or assert_close), "
+                            "so nothing can be verified outside the kernel")
+    return ast.unparse(tree), rw.sites
+
+
+def guard_check(src: str, exercise: str, where: str = "check cell") -> str:
+    """A check cell for the student's (or the official) kernel: the same calls, with
+    each check statement guarded as in the verifier, so that both kernels make the
+    same calls to the answer functions whichever checks fail."""
+    tree = _Rewriter(exercise, set(), verify=False).visit(_parse_check(src, where))
+    ast.fix_missing_locations(tree)
+    return ast.unparse(tree)
+
+
+class _Names(ast.NodeVisitor):
+    """Names a cell binds at top level (not inside functions, classes or comprehensions)."""
+
+    def __init__(self):
+        self.names = []
+
+    def _add(self, name):
+        if name not in self.names:
+            self.names.append(name)
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Store):
+            self._add(node.id)
+
+    def visit_FunctionDef(self, node):
+        self._add(node.name)
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        pass
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_Lambda
+
+    def visit_Import(self, node):
+        pass
+
+    visit_ImportFrom = visit_Import
+
+
+def answer_names(src: str, where: str = "answer cell") -> list[str]:
+    """The names the official answer cell defines: what a student's answer must define too."""
+    try:
+        tree = ast.parse(_python_source(src))
+    except SyntaxError as e:
+        raise TemplateError(f"{where}: not valid Python ({e.msg}, line {e.lineno})") from None
+    v = _Names()
+    v.visit(tree)
+    if not v.names:
+        raise TemplateError(f"{where}: defines no name, so there is nothing to grade; keep the "
+                            "answer in a named variable or function")
+    return v.names
+
+
+def strip_markers(src: str) -> str:
+    """Remove nbval markers (``# NBVAL_SKIP`` and friends) from a source."""
+    return _NBVAL_RE.sub("#", src)
+
+
+def build(template, exercises, mode: str, answers: dict | None = None, *, nonce: str,
+          inputs_path: str | None = None):
+    """The notebook to execute in ``mode`` ('reference', 'student' or 'verify').
+    Returns ``(notebook, cell_roles)`` where ``cell_roles[i]`` is ``(role, exercise)``
+    for the i-th cell (role 'setup', 'hook', 'code', 'answer', 'export', 'bind' or 'check')."""
+    if mode not in ("reference", "student", "verify"):
+        raise ValueError(f"mode must be 'reference', 'student' or 'verify', got {mode!r}")
+    by_index = {}
+    for e in exercises:
+        by_index[e.answer_index] = ("answer", e)
+        by_index[e.check_index] = ("check", e)
+    cells, roles = [], []
+
+    def add(src, role, ex=None, cid=None):
+        cells.append(nbformat.v4.new_code_cell(src, id=cid or f"g{len(cells)}"))
+        roles.append((role, ex))
+
+    add(f"import course_utils.grading.kernel_side as {KERNEL_NAME}\n"
+        f"{KERNEL_NAME}.start({mode!r}, {nonce!r}, {inputs_path!r})", "setup")
+    for i, cell in enumerate(template.cells):
+        if cell.cell_type != "code":
+            continue
+        role, e = by_index.get(i, ("code", None))
+        ex = e.id if e else None
+        if role == "answer":
+            names = answer_names(cell.source, f"answer cell of exercise {ex}")
+            if mode == "verify":
+                add(f"{KERNEL_NAME}.bind({ex!r}, {names!r}, globals())", "bind", ex)
+                continue
+            src = cell.source
+            if mode == "student":
+                src = (answers or {}).get(ex)
+                src = e.stub if src is None else strip_markers(src)
+            add(f"{KERNEL_NAME}.answer_start()", "hook", ex)
+            add(src, "answer", ex, cell.get("id"))
+            add(f"{KERNEL_NAME}.export({ex!r}, {names!r}, globals())", "export", ex)
+            continue
+        add(f"{KERNEL_NAME}.cell_start({i})", "hook", ex)
+        src = cell.source
+        if role == "check" and mode == "verify":
+            src, _ = rewrite_check(cell.source, ex, f"check cell of exercise {ex}")
+        elif role == "check":
+            src = guard_check(cell.source, ex, f"check cell of exercise {ex}")
+        add(src, role, ex, cell.get("id"))
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                  "language": "python"}}
+    return nb, roles
+
+
+def exposed_names(src: str) -> list[str]:
+    """Names a check cell assigns in statements of their own and then uses only
+    as a check's expected value (not in the student's value). Those statements
+    still run in the student's kernel, where an answer could read the result;
+    writing the expression inside the check call keeps it out."""
+    try:
+        tree = ast.parse(_python_source(src))
+    except SyntaxError:
+        return []
+    assigned, first, rest = set(), set(), set()
+
+    def loads(node):
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            assigned.add(node.id)
+        if isinstance(node, ast.Call) and _is_check_call(node) and node.args:
+            first |= loads(node.args[0])
+            for a in node.args[1:] + [k.value for k in node.keywords]:
+                rest |= loads(a)
+    return sorted((assigned & rest) - first)

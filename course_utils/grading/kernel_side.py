@@ -1,0 +1,461 @@
+"""The few helpers a graded notebook calls while it runs (imported inside the
+kernel as ``__course_grade__`` by the grader's first cell). There are two kinds
+of kernel, and neither trusts the other:
+
+* the **student kernel** runs the official template with the student's answer
+  cells. After each answer cell, ``export`` ships the values that answer
+  defines (data only) and wraps its functions in a recorder that ships every
+  call the template makes to them (inputs and result, as data). Whatever this
+  kernel computes can be forged by the answer code, so nothing here is a verdict.
+* the **verifier kernel** never runs student code. It runs the same template
+  with each answer cell replaced by ``bind``, which defines the exported values
+  and, for functions, stand-ins that hand back the recorded results (after
+  checking that the inputs are the ones this kernel computed). Its check calls
+  go through ``verify_call``, which runs the real check and ships the verdict.
+
+``cell_start`` makes every template cell begin from the random state the
+official solution had there, so both kernels compute the same inputs whatever
+the answer cells drew.
+
+Answer functions reach the template in three ways, and each is recorded and
+replayed: a plain call ``f(x)``; a kernel launch ``kernel[grid](...)``, whose
+result is what it writes into its tensor arguments (every tensor argument a
+call changes is shipped and copied back in by the stand-in); and, in the
+Triton CPU interpreter, a ``@triton.jit`` device function called from a
+template kernel, whose arguments and results are tiles (shipped as
+:class:`Tile`, bytes and type).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+import sys
+
+import torch
+
+from course_utils.grading import codec
+
+MIME = "application/x-course-grade+json"  # the runner keeps the same constant
+
+_state = {"mode": None, "nonce": "", "inputs": {}, "hits": {}, "record": True, "depth": 0,
+          "calls": {}, "reported": None}
+
+
+def start(mode: str, nonce: str, inputs_path: str | None = None):
+    if mode not in ("reference", "student", "verify"):
+        raise ValueError(f"mode must be 'reference', 'student' or 'verify', got {mode!r}")
+    _state.update(mode=mode, nonce=nonce, hits={}, inputs={}, record=True, depth=0, calls={},
+                  reported=None)
+    # ``torch.empty`` then holds NaN (or the largest integer) in both kernels, not whatever
+    # the allocator left there, so an output buffer the template hands to an answer's
+    # kernel is the same input in both kernels. The setter is what
+    # ``torch.use_deterministic_algorithms`` calls after importing the compiler's
+    # configuration, which alone takes a second in every graded kernel.
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is not None:
+        setter(True, warn_only=True)
+    else:  # pragma: no cover - a torch without the setter
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    if inputs_path:
+        raw = torch.load(inputs_path, weights_only=True)
+        try:
+            import os
+            os.unlink(inputs_path)
+        except OSError:
+            pass
+        _state["inputs"] = codec.decode(raw)
+
+
+def _publish(kind: str, key: str, payload):
+    from IPython.display import publish_display_data
+    publish_display_data({MIME: {"nonce": _state["nonce"], "kind": kind, "key": key,
+                                 "blob": codec.dumps(payload)}})
+
+
+def _rng_states():
+    out = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    try:
+        import numpy as np
+        s = np.random.get_state()
+        out["numpy"] = (s[0], torch.from_numpy(s[1].astype("int64")), int(s[2]), int(s[3]),
+                        float(s[4]))
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+def _set_rng_states(st):
+    if not st:
+        return
+    torch.set_rng_state(st["torch"])
+    rs = st["random"]
+    random.setstate((rs[0], tuple(rs[1]), rs[2]))
+    if "numpy" in st:
+        import numpy as np
+        name, keys, pos, has_gauss, cached = st["numpy"]
+        np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def cell_start(index: int):
+    """First line of every template cell: record (reference) or restore the random state."""
+    _state["record"] = True
+    key = f"cell{index}"
+    if _state["mode"] == "reference":
+        _publish("rng", key, _rng_states())
+    else:
+        _set_rng_states(_state["inputs"].get("rng", {}).get(key))
+
+
+def answer_start():
+    """Before an answer cell: calls made by the student's own code are not recorded."""
+    _state["record"] = False
+
+
+def _is_function(x) -> bool:
+    return callable(x) and not isinstance(x, (torch.Tensor, type))
+
+
+def _raised(e):
+    # the Triton interpreter wraps an error raised in a device function in its own
+    # InterpreterError: ship the error the answer raised
+    seen = set()
+    while type(e).__module__.startswith("triton") and isinstance(e.__cause__, Exception) \
+            and id(e) not in seen:
+        seen.add(id(e))
+        e = e.__cause__
+    return {"raised": [f"{c.__module__}:{c.__qualname__}" for c in type(e).__mro__],
+            "message": str(e)[:2000]}
+
+
+# --------------------------------------------------------------------------- values as data
+@dataclasses.dataclass
+class Tile:
+    """A tile of the Triton CPU interpreter (``triton.language.tensor``) as data:
+    its element type, its block shape (``None`` for a scalar) and its values as bytes."""
+    dtype: str
+    shape: list | None
+    np_dtype: str
+    data_shape: list
+    data: torch.Tensor
+
+
+def _triton_types():
+    """``(tensor, constexpr)`` of ``triton.language`` if a notebook imported Triton, else None."""
+    core = sys.modules.get("triton.language.core")
+    if core is None:
+        return None
+    return getattr(core, "tensor", None), getattr(core, "constexpr", None)
+
+
+def _tile(t):
+    import numpy as np
+    from course_utils.grading.codec import Unserializable
+    handle = getattr(t, "handle", None)
+    arr = getattr(handle, "data", None)
+    dtype = str(getattr(t, "dtype", ""))
+    if not isinstance(arr, np.ndarray) or dtype.startswith("*") or arr.dtype.kind not in "biufc":
+        return Unserializable(f"a Triton tile of type {t.type}")
+    ty = t.type
+    shape = [int(v) for v in ty.shape] if ty.is_block() else None
+    arr = np.ascontiguousarray(arr)
+    raw = torch.from_numpy(arr.reshape(-1).view(np.uint8).copy())
+    return Tile(dtype, shape, arr.dtype.str, list(arr.shape), raw)
+
+
+def _as_data(x, depth=0):
+    """A call's arguments or result as data: tensors copied (so later in-place
+    changes do not reach the record), interpreter tiles as :class:`Tile`."""
+    if depth > 16:
+        return x
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    tt = _triton_types()
+    if tt is not None:
+        if tt[0] is not None and isinstance(x, tt[0]):
+            return _tile(x)
+        if tt[1] is not None and isinstance(x, tt[1]):
+            return _as_data(x.value, depth + 1)
+    if type(x) in (list, tuple):
+        return type(x)(_as_data(v, depth + 1) for v in x)
+    if type(x) is dict:
+        return {k: _as_data(v, depth + 1) for k, v in x.items()}
+    return x
+
+
+def _from_tile(tile: Tile):
+    """Verifier kernel: a recorded tile back as an interpreter tensor."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+    npd = np.dtype(tile.np_dtype)
+    if npd.kind not in "biufc" or not isinstance(tile.data, torch.Tensor) or \
+            tile.data.dtype != torch.uint8:
+        raise Mismatch("a recorded Triton tile is malformed")
+    arr = np.frombuffer(tile.data.numpy().tobytes(), dtype=npd).reshape(tile.data_shape).copy()
+    el = tl.dtype(tile.dtype)
+    ty = tl.block_type(el, list(tile.shape)) if tile.shape is not None else el
+    return tl.tensor(TensorHandle(arr, el), ty)
+
+
+def _from_data(x, depth=0):
+    if depth > 16:
+        return x
+    if isinstance(x, Tile):
+        return _from_tile(x)
+    if type(x) in (list, tuple):
+        return type(x)(_from_data(v, depth + 1) for v in x)
+    if type(x) is dict:
+        return {k: _from_data(v, depth + 1) for k, v in x.items()}
+    return x
+
+
+def _tensor_leaves(x, path=(), depth=0):
+    """``[(path, tensor)]`` for the tensors in a call's arguments (lists, tuples, dicts)."""
+    if isinstance(x, torch.Tensor):
+        return [(list(path), x)]
+    if depth > 4:
+        return []
+    if type(x) in (list, tuple):
+        return [leaf for i, v in enumerate(x) for leaf in _tensor_leaves(v, path + (i,), depth + 1)]
+    if type(x) is dict:
+        return [leaf for k, v in x.items() if isinstance(k, (str, int))
+                for leaf in _tensor_leaves(v, path + (k,), depth + 1)]
+    return []
+
+
+def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a = a.detach().to("cpu").contiguous().reshape(-1)
+    b = b.detach().to("cpu").contiguous().reshape(-1)
+    if a.dtype.is_complex:
+        a, b = torch.view_as_real(a).reshape(-1), torch.view_as_real(b).reshape(-1)
+    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+
+def _changed(live, snapshot):
+    """The tensor arguments a call wrote into: ``[[path, new value]]``."""
+    out = []
+    before = dict((tuple(p), t) for p, t in _tensor_leaves(snapshot))
+    for path, t in _tensor_leaves(live):
+        old = before.get(tuple(path))
+        if old is not None and not _bytes_equal(old, t):
+            out.append([path, t.detach().clone()])
+    return out
+
+
+# --------------------------------------------------------------------------- student kernel
+class _Recorder:
+    """Student kernel: stands in for an answer's function and ships each call
+    the template makes to it (outermost calls only; the random state is put
+    back afterwards so the template's next draws do not depend on the answer).
+    ``recorder[grid](...)`` records a kernel launch the same way."""
+
+    def __init__(self, name, fn):
+        self._name, self._fn = name, fn
+        functools.update_wrapper(self, fn)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") or attr in ("_name", "_fn"):
+            raise AttributeError(attr)
+        return getattr(object.__getattribute__(self, "_fn"), attr)
+
+    def __call__(self, *args, **kwargs):
+        return self._record(None, args, kwargs)
+
+    def __getitem__(self, grid):
+        if not _state["record"] or _state["depth"] > 0:
+            return self._fn[grid]
+        return functools.partial(_launch, self, grid)
+
+    def _record(self, grid, args, kwargs):
+        target = self._fn if grid is None else self._fn[grid]
+        if not _state["record"] or _state["depth"] > 0:
+            return target(*args, **kwargs)
+        i = _state["calls"].get(self._name, 0)
+        _state["calls"][self._name] = i + 1
+        rng = _rng_states()
+        before = _as_data([list(args), dict(kwargs)])
+        payload = {"name": self._name, "index": i, "args": before[0], "kwargs": before[1]}
+        if grid is not None:
+            payload["grid"] = _as_data(grid)
+        _state["depth"] += 1
+        try:
+            out = target(*args, **kwargs)
+            payload["outcome"] = {"returned": _as_data(out)}
+            return out
+        except Exception as e:
+            payload["outcome"] = _raised(e)
+            raise
+        finally:
+            _state["depth"] -= 1
+            try:
+                payload["mutated"] = _changed([list(args), dict(kwargs)], before)
+            except Exception:  # noqa: BLE001 - a hostile argument: the stand-in will refuse
+                payload["mutated"] = None
+            _set_rng_states(rng)
+            _publish("call", f"{self._name}/{i}", payload)
+
+
+def _launch(recorder, grid, *args, **kwargs):
+    return recorder._record(grid, args, kwargs)
+
+
+def export(exercise: str, names, namespace):
+    """After an answer cell (student kernel): ship its values, wrap its functions."""
+    _state["record"] = True
+    for name in names:
+        if name not in namespace:
+            _publish("export", f"{exercise}/{name}", {"name": name, "kind": "missing"})
+            continue
+        value = namespace[name]
+        if isinstance(value, _Recorder):
+            value = value._fn
+        if _is_function(value):
+            namespace[name] = _Recorder(name, value)
+            _publish("export", f"{exercise}/{name}", {"name": name, "kind": "function"})
+        else:
+            _publish("export", f"{exercise}/{name}", {"name": name, "kind": "data",
+                                                      "value": value})
+
+
+class Mismatch(RuntimeError):
+    """The verifier computed other inputs for a function than the student's kernel did."""
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Tile) or isinstance(b, Tile):
+        return (isinstance(a, Tile) and isinstance(b, Tile)
+                and all(_same(getattr(a, f.name), getattr(b, f.name))
+                        for f in dataclasses.fields(Tile)))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and a.dtype == b.dtype
+                and bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class _Replay:
+    """Verifier kernel: stands in for an answer's function, call by call."""
+
+    def __init__(self, name, calls):
+        self._name, self._calls, self._i = name, calls, 0
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        return self._replay(None, args, kwargs)
+
+    def __getitem__(self, grid):
+        return functools.partial(_launch_replay, self, grid)
+
+    def _replay(self, grid, args, kwargs):
+        i, self._i = self._i, self._i + 1
+        what = self._name if grid is None else f"the launch {self._name}[grid]"
+        if i >= len(self._calls):
+            raise Mismatch(f"{what} is called here more often ({i + 1} times) than it "
+                           "was when your notebook ran")
+        rec = self._calls[i]
+        if ("grid" in rec) != (grid is not None):
+            raise Mismatch(f"call {i + 1} of {self._name}: it was "
+                           f"{'launched as a kernel' if 'grid' in rec else 'called'} when your "
+                           f"notebook ran and is {'called' if grid is None else 'launched'} here")
+        want = codec.decode(codec.encode(_as_data([list(args), dict(kwargs)])))
+        if not _same(want, [rec.get("args"), rec.get("kwargs")]) or \
+                (grid is not None and not _same(codec.decode(codec.encode(_as_data(grid))),
+                                                rec.get("grid"))):
+            raise Mismatch(f"call {i + 1} of {self._name}: its inputs differ from the ones "
+                           "the same check computed when your notebook ran")
+        mutated = rec.get("mutated", [])
+        if not isinstance(mutated, list):
+            raise Mismatch(f"call {i + 1} of {self._name}: what it wrote into its arguments "
+                           "could not be recorded")
+        live = dict((tuple(p), t) for p, t in _tensor_leaves([list(args), dict(kwargs)]))
+        for item in mutated:
+            path, value = (item if isinstance(item, list) and len(item) == 2 else (None, None))
+            dest = live.get(tuple(path)) if isinstance(path, list) else None
+            if dest is None or not isinstance(value, torch.Tensor) or \
+                    dest.shape != value.shape or dest.dtype != value.dtype:
+                raise Mismatch(f"call {i + 1} of {self._name}: a recorded change to its "
+                               "arguments does not fit them")
+            with torch.no_grad():
+                dest.copy_(value.to(dest.device))
+        out = rec.get("outcome") or {}
+        if "returned" in out:
+            return _from_data(out["returned"])
+        msg = str(out.get("message", ""))
+        for name in out.get("raised") or []:
+            try:
+                cls = codec.resolve(name)
+            except Exception:  # noqa: BLE001 - a class of the student's: try its bases
+                continue
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                try:
+                    exc = cls(msg)
+                except Exception:  # noqa: BLE001
+                    continue
+                raise exc
+        raise Exception(msg)
+
+
+def _launch_replay(replay, grid, *args, **kwargs):
+    return replay._replay(grid, args, kwargs)
+
+
+def bind(exercise: str, names, namespace):
+    """In place of an answer cell (verifier kernel): define what the student's answer exported."""
+    exports = _state["inputs"].get("exports", {})
+    calls = _state["inputs"].get("calls", {})
+    for name in names:
+        item = exports.get(f"{exercise}/{name}")
+        if not isinstance(item, dict) or item.get("kind") == "missing":
+            namespace.pop(name, None)
+        elif item.get("kind") == "function":
+            namespace[name] = _Replay(name, calls.get(name, []))
+        else:
+            namespace[name] = item.get("value")
+
+
+def _key(exercise, site):
+    k = (exercise, site)
+    hit = _state["hits"].get(k, 0)
+    _state["hits"][k] = hit + 1
+    return f"{exercise}/c{site}/{hit}"
+
+
+def verify_call(exercise: str, site: int, fn, *args, **kwargs):
+    """A check call in the verifier kernel: run it for real and ship the verdict."""
+    key = _key(exercise, site)
+    name = f"{getattr(fn, '__module__', '')}:{getattr(fn, '__qualname__', '')}"
+    label = kwargs.get("name") if isinstance(kwargs.get("name"), str) else name.split(":")[-1]
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as e:
+        _publish("verdict", key, {"fn": name, "label": label, "passed": False,
+                                  "message": f"{e}" if isinstance(e, AssertionError)
+                                  else f"{type(e).__name__}: {e}"})
+        _state["reported"] = e
+        raise
+    _publish("verdict", key, {"fn": name, "label": label, "passed": True, "message": ""})
+    return result
+
+
+def stopped(exercise: str, site: int, err: BaseException):
+    """A check statement of the verifier stopped with ``err``. When the check itself
+    failed its verdict is already out; otherwise computing its arguments raised (an
+    answer function's recorded error, or a missing answer), and that call is
+    recorded as not reached, with the reason. The check cell then goes on."""
+    if _state.get("reported") is err:
+        _state["reported"] = None
+        return
+    _publish("stop", _key(exercise, site), {"message": f"{type(err).__name__}: {err}"[:2000]})

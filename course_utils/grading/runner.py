@@ -1,0 +1,247 @@
+"""Run one graded notebook in a fresh kernel and save what came out of it.
+
+    python course_utils/grading/runner.py NOTEBOOK RESULT --cwd DIR \
+        --cell-timeout S --timeout S
+
+The grader starts this in its own process (one per submission). It executes
+every cell in order with a per-cell limit (an over-long cell is interrupted and
+recorded as a timeout) and an overall limit (cells left when it runs out are
+recorded as not run), keeps at most a few kilobytes of each cell's printed
+output, keeps each cell's error, and collects the grading records the kernel
+publishes (see :mod:`course_utils.grading.kernel_side`). The result is JSON,
+written atomically. Nothing here judges an answer.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# nbformat imports jsonschema, which builds an IRI grammar (most of a second of CPU) when
+# rfc3987-syntax is installed. This process never checks IRIs: skip it, since the runner
+# starts once per graded notebook.
+sys.modules.setdefault("rfc3987_syntax", None)
+
+import nbformat  # noqa: E402
+from nbclient import NotebookClient  # noqa: E402
+from nbclient.exceptions import CellTimeoutError, DeadKernelError  # noqa: E402
+
+
+# Started as a script (``python .../runner.py``), so it imports nothing from
+# course_utils and stays light; kernel_side.MIME must stay equal to this.
+MIME = "application/x-course-grade+json"
+
+TEXT_CAP = 4000           # characters of printed output kept per cell
+RECORD_CAP = 64 * 2**20   # bytes of records kept per run
+
+
+def write_atomic(path: Path, text: str):
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Client(NotebookClient):
+    """An nbclient that keeps records and errors and caps everything else."""
+
+    def __init__(self, nb, **kw):
+        super().__init__(nb, **kw)
+        self.cells_info = [{"status": "not_run", "stdout": "", "dropped_chars": 0,
+                            "records": []} for _ in nb.cells]
+        self.record_bytes = 0
+
+    def output(self, outs, msg, display_id, cell_index):
+        info = self.cells_info[cell_index]
+        kind, content = msg["msg_type"], msg["content"]
+        if kind in ("display_data", "execute_result"):
+            rec = content.get("data", {}).get(MIME)
+            if isinstance(rec, dict):
+                size = len(json.dumps(rec))
+                if self.record_bytes + size > RECORD_CAP:
+                    info["records_dropped"] = info.get("records_dropped", 0) + 1
+                else:
+                    self.record_bytes += size
+                    info["records"].append(rec)
+            return None
+        if kind == "stream":
+            text = str(content.get("text", ""))
+            room = TEXT_CAP - len(info["stdout"])
+            info["stdout"] += text[:max(room, 0)]
+            info["dropped_chars"] += max(len(text) - max(room, 0), 0)
+            return None
+        if kind == "error":
+            info["ename"] = str(content.get("ename", ""))[:200]
+            info["evalue"] = str(content.get("evalue", ""))[:2000]
+            tb = "\n".join(str(t) for t in content.get("traceback", []))
+            info["traceback"] = tb[-3000:]
+        return None
+
+
+def _responsive(client, wait=5) -> bool:
+    """After an interrupted timeout: does the kernel answer a trivial request?"""
+    saved = client.timeout
+    client.timeout = wait
+    try:
+        msg_id = client.kc.execute("pass", store_history=False)
+        reply = client.wait_for_reply(msg_id)
+    except Exception:  # noqa: BLE001 - a dead or wedged kernel is simply not responsive
+        reply = None
+    finally:
+        client.timeout = saved
+    return bool(reply) and reply.get("content", {}).get("status") == "ok"
+
+
+START_TRIES = 3           # a kernel that dies before it answers is started again
+
+
+class _StartFailed(RuntimeError):
+    """The kernel did not come up (no student code has run yet)."""
+
+
+def _kernel_config(sock_dir):
+    """Kernel sockets in a folder of this run's own (Unix), not on TCP ports that
+    kernels started at the same moment could both pick."""
+    from traitlets.config import Config
+    cfg = Config()
+    if os.name == "posix" and sock_dir and len(str(sock_dir)) < 80:
+        cfg.KernelManager.transport = "ipc"
+        cfg.KernelManager.ip = str(Path(sock_dir) / "kernel")
+    return cfg
+
+
+def run(nb_path, result_path, cwd, cell_timeout=60.0, timeout=600.0):
+    nb = nbformat.read(nb_path, as_version=4)
+    os.unlink(nb_path)  # read once; nothing of the run stays where the kernel can reach it
+    start = time.monotonic()
+    sock_dir = tempfile.mkdtemp(prefix="course-grade-ipc-")
+    try:
+        for attempt in range(START_TRIES):
+            try:
+                return _run_once(nb, result_path, cwd, cell_timeout, timeout, start, sock_dir)
+            except _StartFailed as e:
+                if attempt == START_TRIES - 1 or time.monotonic() - start > timeout:
+                    raise RuntimeError(f"the kernel did not start ({START_TRIES} tries): "
+                                       f"{e.__cause__}") from e
+                time.sleep(0.5 + random.random())
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _run_once(nb, result_path, cwd, cell_timeout, timeout, start, sock_dir):
+    nb = copy.deepcopy(nb)
+    deadline = start + timeout
+    client = _Client(nb, timeout=int(cell_timeout), allow_errors=True, kernel_name="python3",
+                     interrupt_on_timeout=True, startup_timeout=120,
+                     error_on_timeout={"ename": "CellTimeoutError",
+                                       "evalue": f"the cell ran longer than {cell_timeout:g} s"},
+                     resources={"metadata": {"path": str(cwd)}},
+                     config=_kernel_config(sock_dir))
+    replies = {}
+
+    def on_executed(cell, cell_index, execute_reply):
+        replies[cell_index] = (execute_reply or {}).get("content", {})
+
+    client.on_cell_executed = on_executed
+    client.reset_execution_trackers()
+    outcome = "completed"
+    pid_file = Path(result_path).with_suffix(".kernel-pid")
+    started = False
+    try:
+        with client.setup_kernel(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL):
+            started = True
+            outcome = _cells(client, nb, replies, pid_file, deadline, cell_timeout, timeout)
+    except Exception as e:
+        if started:
+            raise
+        with contextlib.suppress(Exception):
+            client._cleanup_kernel()
+        raise _StartFailed(str(e)) from e
+    result = {"outcome": outcome, "seconds": round(time.monotonic() - start, 3),
+              "cells": client.cells_info}
+    write_atomic(Path(result_path), json.dumps(result))
+    try:
+        pid_file.unlink()
+    except OSError:
+        pass
+    return result
+
+
+def _cells(client, nb, replies, pid_file, deadline, cell_timeout, timeout):
+    """Run every cell in order; returns the run's outcome."""
+    outcome = "completed"
+    try:
+        pid = client.km.provisioner.process.pid
+        write_atomic(pid_file, str(pid))
+    except AttributeError:  # pragma: no cover - another provisioner
+        pass
+    for i, cell in enumerate(nb.cells):
+        info = client.cells_info[i]
+        left = deadline - time.monotonic()
+        if left <= 1:
+            info["status"] = "not_run"
+            info["why"] = f"the notebook ran out of its {timeout:g} s"
+            outcome = "total timeout"
+            continue
+        client.timeout = int(max(1, min(cell_timeout, left)))
+        t0 = time.monotonic()
+        try:
+            client.execute_cell(cell, i)
+        except DeadKernelError:
+            info["status"] = "dead"
+            info["why"] = "the kernel died (the code exited or crashed the process)"
+            for j in range(i + 1, len(nb.cells)):
+                client.cells_info[j]["why"] = "not run: the kernel had died"
+            outcome = "kernel died"
+            break
+        except CellTimeoutError:
+            reply = {"ename": "CellTimeoutError"}
+        else:
+            reply = replies.get(i, {})
+        info["seconds"] = round(time.monotonic() - t0, 3)
+        if reply.get("ename") == "CellTimeoutError":
+            info["status"] = "timeout"
+            info["why"] = f"the cell ran longer than {client.timeout} s and was interrupted"
+            if not _responsive(client):
+                info["why"] = (f"the cell ran longer than {client.timeout} s and could not "
+                               "be interrupted")
+                for j in range(i + 1, len(nb.cells)):
+                    client.cells_info[j]["why"] = "not run: an earlier cell could not be stopped"
+                outcome = "stuck cell"
+                break
+        elif reply.get("status") == "error" or "ename" in info:
+            info["status"] = "error"
+            info.setdefault("ename", str(reply.get("ename", ""))[:200])
+            info.setdefault("evalue", str(reply.get("evalue", ""))[:2000])
+        else:
+            info["status"] = "ok"
+    return outcome
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="runner.py")
+    ap.add_argument("notebook")
+    ap.add_argument("result")
+    ap.add_argument("--cwd", required=True)
+    ap.add_argument("--cell-timeout", type=float, default=60.0)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    a = ap.parse_args(argv)
+    run(a.notebook, a.result, a.cwd, a.cell_timeout, a.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Finding submissions and reading the answer cells out of them.
+
+A submission is only ever opened for reading, once, as bytes; nothing is
+executed from it and nothing is written next to it. From a readable notebook
+the grader takes the source of each answer cell, matched by its stable id
+(``ex-<id>-answer``), and nothing else: stored outputs, metadata, tags, check
+cells and every other cell are ignored (and noted in the feedback when they
+differ from the exercise).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_SUBMISSION_BYTES = 256 * 2**20
+_SAFE = re.compile(r"[^A-Za-z0-9._@+-]")
+
+
+@dataclass
+class Submission:
+    student: str
+    path: Path
+    sha256: str = ""
+    answers: dict = field(default_factory=dict)   # exercise id -> source
+    problems: dict = field(default_factory=dict)  # exercise id -> why it has no answer
+    notes: list = field(default_factory=list)     # things the student should know
+    invalid: str | None = None                    # why the whole file was rejected
+
+
+def safe_name(student: str) -> str:
+    s = _SAFE.sub("_", student).strip("._") or "student"
+    return s[:100]
+
+
+def discover(source, assignment: str):
+    """``[(student, path)]`` for one notebook, a folder of ``<student>.ipynb``
+    files, or an nbgrader tree ``submitted/<student>/<assignment>/<file>.ipynb``
+    (given as the ``submitted`` folder or its parent). Also returns a list of
+    notes about files that were skipped."""
+    src = Path(source)
+    notes = []
+    if not src.exists():
+        raise FileNotFoundError(f"submissions: {src} does not exist")
+    if src.is_file():
+        return [(src.stem, src)], notes
+    if (src / "submitted").is_dir():
+        src = src / "submitted"
+    subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files = sorted(p for p in src.iterdir() if p.is_file() and p.suffix == ".ipynb")
+    out = [(p.stem, p) for p in files]
+    for d in subdirs:
+        if d.name.startswith(".") or d.name == ".ipynb_checkpoints":
+            continue
+        found = _nbgrader_notebook(d, assignment)
+        if isinstance(found, str):
+            notes.append(f"{d.name}: {found}")
+            out.append((d.name, None))
+        else:
+            out.append((d.name, found))
+    others = sorted(p.name for p in src.iterdir() if p.is_file() and p.suffix != ".ipynb"
+                    and not p.name.startswith("."))
+    if others:
+        notes.append(f"skipped files that are not .ipynb: {', '.join(others[:20])}")
+    seen = {}
+    for student, _ in out:
+        key = safe_name(student)
+        if key in seen and seen[key] != student:
+            raise ValueError(f"submissions: students {seen[key]!r} and {student!r} map to the "
+                             f"same output name {key!r}; rename one")
+        seen[key] = student
+    if len({s for s, _ in out}) != len(out):
+        dup = sorted({s for s, _ in out if [t for t, _ in out].count(s) > 1})
+        raise ValueError(f"submissions: more than one submission for {', '.join(dup)}")
+    return out, notes
+
+
+def _nbgrader_notebook(student_dir: Path, assignment: str):
+    cands = [student_dir / assignment] if (student_dir / assignment).is_dir() else \
+        [p for p in student_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    if not cands:
+        return f"no {assignment}/ folder in {student_dir}"
+    if len(cands) > 1:
+        return (f"{len(cands)} assignment folders and none named {assignment}: "
+                + ", ".join(sorted(p.name for p in cands)))
+    nbs = sorted(p for p in cands[0].glob("*.ipynb"))
+    named = [p for p in nbs if p.stem == assignment]
+    if named:
+        return named[0]
+    if len(nbs) == 1:
+        return nbs[0]
+    return (f"{len(nbs)} notebooks in {cands[0]} and none named {assignment}.ipynb"
+            if nbs else f"no notebook in {cands[0]}")
+
+
+def _source(cell) -> str | None:
+    s = cell.get("source", "")
+    if isinstance(s, list) and all(isinstance(x, str) for x in s):
+        return "".join(s)
+    return s if isinstance(s, str) else None
+
+
+def read(student: str, path: Path | None, exercises) -> Submission:
+    """Read one submission (read-only) and pull out its answer cells."""
+    sub = Submission(student, path)
+    if path is None:
+        sub.invalid = "no notebook found for this student"
+        return sub
+    try:
+        size = path.stat().st_size
+        if size > MAX_SUBMISSION_BYTES:
+            sub.invalid = f"the file is {size / 2**20:.0f} MiB, over the {MAX_SUBMISSION_BYTES // 2**20} MiB limit"
+            return sub
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        sub.invalid = f"could not read the file ({e.strerror})"
+        return sub
+    sub.sha256 = hashlib.sha256(raw).hexdigest()
+    try:
+        nb = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        sub.invalid = "not a notebook: the file is not UTF-8 text"
+        return sub
+    except json.JSONDecodeError as e:
+        sub.invalid = f"not a notebook: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        return sub
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        sub.invalid = "not a notebook: the JSON has no list of cells"
+        return sub
+    if nb.get("nbformat") != 4:
+        sub.notes.append(f"nbformat is {nb.get('nbformat')!r}, expected 4; reading it anyway")
+    by_id, headers = {}, {}
+    saw_outputs = saw_nbval = False
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict):
+            continue
+        cid = cell.get("id")
+        src = _source(cell)
+        if isinstance(cid, str):
+            by_id.setdefault(cid, []).append((i, cell, src))
+        if cell.get("cell_type") == "code" and src:
+            first = src.lstrip("\n").split("\n", 1)[0]
+            m = re.match(r"^#\s*Exercise\s+([A-Za-z0-9][\w.]*)", first)
+            if m:
+                headers.setdefault(m.group(1), []).append(cid)
+        if cell.get("cell_type") == "code" and (cell.get("outputs") or cell.get("execution_count")):
+            saw_outputs = True
+        meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+        tags = meta.get("tags") if isinstance(meta.get("tags"), list) else []
+        if any(isinstance(t, str) and t.startswith("nbval") for t in tags) or \
+                (src and "NBVAL_" in src):
+            saw_nbval = True
+    if saw_outputs:
+        sub.notes.append("stored outputs were ignored: every answer is run afresh")
+    if saw_nbval:
+        sub.notes.append("nbval markers and tags were ignored and removed")
+    for e in exercises:
+        cells = by_id.get(e.answer_id, [])
+        if len(cells) > 1:
+            sub.problems[e.id] = (f"{len(cells)} cells carry the id {e.answer_id} (cells "
+                                  f"{', '.join(str(i) for i, _, _ in cells)}); ids must be "
+                                  "unique, so this answer cannot be identified")
+            continue
+        if not cells:
+            others = [c for c in headers.get(e.id, []) if c != e.answer_id]
+            if others:
+                sub.problems[e.id] = (f"no cell with id {e.answer_id}; a cell starting with "
+                                      f"'# Exercise {e.id}' has id {others[0]!r}. Answer in the "
+                                      "cell that came with the exercise notebook (cell ids "
+                                      "must not change)")
+            else:
+                sub.problems[e.id] = f"the answer cell (id {e.answer_id}) is missing"
+            continue
+        _, cell, src = cells[0]
+        if cell.get("cell_type") != "code" or src is None:
+            sub.problems[e.id] = f"the cell with id {e.answer_id} is not a code cell"
+            continue
+        sub.answers[e.id] = src
+        checks = by_id.get(e.check_id, [])
+        if not checks:
+            sub.notes.append(f"exercise {e.id}: the check cell was deleted; "
+                             "the grader used its own copy")
+        elif len(checks) == 1 and _source(checks[0][1]) not in (e.visible_check, e.full_check):
+            sub.notes.append(f"exercise {e.id}: the check cell was edited; "
+                             "the grader used its own copy")
+    return sub

@@ -1,0 +1,573 @@
+"""course-grade: the grading model, adversarial submissions, and every real
+problem set (solutions score full marks, generated exercises score zero).
+
+The expensive part is kernels: the adversarial class is graded once (module
+fixture, 2 workers) and every test that reads it shares the xdist group.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_utils.checks import check_equal
+from course_utils.grading import codec, grader, instrument, kernel_side, submissions
+from course_utils.grading.cli import main as cli_main
+
+sys.path.insert(0, str(Path(__file__).parent))
+import grading_helpers as H  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CLASS_GROUP = pytest.mark.xdist_group("grading-adversarial-class")
+CELL_TIMEOUT = 20
+
+
+def _hashes(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    H.make_problem_set(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def graded_class(tiny, tmp_path_factory):
+    subs = tmp_path_factory.mktemp("submissions")
+    expected = H.make_class(tiny, subs)
+    before = _hashes(subs)
+    modes = {p.name: p.stat().st_mode for p in subs.iterdir()}
+    out = tmp_path_factory.mktemp("grades")
+    result = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT, timeout=120,
+                          root=tiny)
+    return {"root": tiny, "subs": subs, "out": out, "expected": expected, "before": before,
+            "modes": modes, "result": result}
+
+
+# ------------------------------------------------------------------ the adversarial class
+@CLASS_GROUP
+@pytest.mark.parametrize("student", list(H.CASES))
+def test_each_submission_gets_exactly_its_expected_score(graded_class, student):
+    res = graded_class["result"].students[student]
+    points, words = graded_class["expected"][student]
+    got = {x["exercise"]: x["points"] for x in res["exercises"]}
+    fb = (graded_class["out"] / "feedback" / f"{student}.md").read_text()
+    assert got == points, f"{student}: {got} != {points}\n{fb}"
+    assert res["total"] == sum(points.values())
+    for w in words:
+        assert w in fb, f"{student}: feedback lacks {w!r}:\n{fb}"
+    # every exercise not passed says why
+    for x in res["exercises"]:
+        if not x["passed"]:
+            assert x["reason"], (student, x)
+
+
+@CLASS_GROUP
+def test_submissions_are_never_modified(graded_class):
+    subs = graded_class["subs"]
+    assert _hashes(subs) == graded_class["before"]
+    assert {p.name: p.stat().st_mode for p in subs.iterdir()} == graded_class["modes"]
+
+
+@CLASS_GROUP
+def test_tables_and_feedback_are_complete(graded_class):
+    out, res = graded_class["out"], graded_class["result"]
+    rows = (out / "scores.csv").read_text().strip().split("\n")
+    assert rows[0] == "student,1.1 (2),1.2 (1),1.3 (1),total,max,status"
+    assert len(rows) == 1 + len(H.CASES)
+    table = json.loads((out / "scores.json").read_text())
+    assert table["max"] == 4 and set(table["students"]) == set(H.CASES)
+    for student in H.CASES:
+        assert table["students"][student]["total"] == res.students[student]["total"]
+        assert (out / "feedback" / f"{student}.md").exists()
+        assert json.loads((out / "results" / f"{student}.json").read_text())["student"] == student
+    leftovers = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not leftovers, leftovers
+    assert res.students["not_a_notebook"]["status"] == "invalid"
+    assert res.students["honest"]["submission_sha256"] == graded_class["before"]["honest.ipynb"]
+
+
+@CLASS_GROUP
+def test_hidden_tests_are_reported_without_their_values(graded_class):
+    res = graded_class["result"].students["partial"]
+    ex = next(x for x in res["exercises"] if x["exercise"] == "1.2")
+    hidden = [c for c in ex["checks"] if c["hidden"]]
+    assert hidden and not hidden[0]["passed"]
+    assert hidden[0]["message"] == "a hidden test (double (2-d)) failed"
+
+
+# ------------------------------------------------------------------ Triton answers
+@pytest.fixture(scope="module")
+def triton_set(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course-triton")
+    H.make_triton_problem_set(root)
+    return root
+
+
+def test_triton_answers_are_graded_from_tiles_and_launches(triton_set, tmp_path):
+    # a device function called from a template kernel, a kernel the template launches
+    # (its output buffer comes from torch.empty) and an in-place function; the answer
+    # that rebinds the template's wrapper in its own kernel gets nothing for it
+    subs = tmp_path / "subs"
+    expected = H.make_triton_class(triton_set, subs)
+    res = grader.grade(H.TRITON_NAME, subs, tmp_path / "out", workers=2,
+                       cell_timeout=CELL_TIMEOUT * 3, timeout=300, root=triton_set)
+    for student, (points, words) in expected.items():
+        got = {x["exercise"]: x["points"] for x in res.students[student]["exercises"]}
+        fb = (tmp_path / "out" / "feedback" / f"{student}.md").read_text()
+        assert got == points, f"{student}: {got} != {points}\n{fb}"
+        for w in words:
+            assert w in fb, f"{student}: feedback lacks {w!r}:\n{fb}"
+
+
+def _import_file(path: Path, name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _shipped_calls(shipped):
+    calls = {}
+    for kind, _, blob in shipped:
+        if kind == "call":
+            rec = codec.decode(codec.loads(blob))
+            calls.setdefault(rec["name"], []).append(rec)
+    return calls
+
+
+def test_tiles_and_launches_replay_only_for_the_recorded_inputs(tmp_path, monkeypatch):
+    src = tmp_path / "tiny_triton_answers.py"
+    src.write_text(H.triton_module_source())
+    mod = _import_file(src, "tiny_triton_answers")
+    shipped = []
+    monkeypatch.setattr(kernel_side, "_publish",
+                        lambda kind, key, p: shipped.append((kind, key, codec.dumps(p))))
+    monkeypatch.setitem(kernel_side._state, "mode", "student")
+    monkeypatch.setitem(kernel_side._state, "calls", {})
+    for ex, name in (("2.1", "row_unit"), ("2.2", "square_kernel"), ("2.3", "clamp_")):
+        kernel_side.export(ex, [name], vars(mod))
+    x = torch.randn(3, 8)
+    rows = mod.normalise_rows(x)
+    xs, out = torch.randn(20), torch.full((20,), float("nan"))
+    mod.square_kernel[(2,)](xs, out, 20, BLOCK=16)
+    t = torch.randn(6)
+    mod.clamp_(t, 0.0)
+    calls = _shipped_calls(shipped)
+    assert len(calls["row_unit"]) == 3  # one call per program, each on a tile
+    assert isinstance(calls["row_unit"][0]["args"][0], kernel_side.Tile)
+    assert [p for p, _ in calls["square_kernel"][0]["mutated"]] == [[0, 1]]
+    assert [p for p, _ in calls["clamp_"][0]["mutated"]] == [[0, 0]]
+
+    # the verifier: the same template code, with stand-ins that return what was recorded
+    monkeypatch.setitem(kernel_side._state, "inputs", {"calls": calls, "exports": {
+        "2.1/row_unit": {"kind": "function"}, "2.2/square_kernel": {"kind": "function"},
+        "2.3/clamp_": {"kind": "function"}}})
+    for ex, name in (("2.1", "row_unit"), ("2.2", "square_kernel"), ("2.3", "clamp_")):
+        kernel_side.bind(ex, [name], vars(mod))
+    assert isinstance(mod.row_unit, kernel_side._Replay)
+    assert torch.equal(mod.normalise_rows(x.clone()), rows)
+    out2 = torch.full((20,), float("nan"))
+    mod.square_kernel[(2,)](xs.clone(), out2, 20, BLOCK=16)
+    assert torch.equal(out2, xs * xs)
+    t2 = torch.full((6,), -1.0)  # not the recorded input
+    with pytest.raises(kernel_side.Mismatch, match="inputs differ"):
+        mod.clamp_(t2, 0.0)
+    # the recorded calls are used up, or called the wrong way
+    with pytest.raises(Exception, match="more often"):
+        mod.normalise_rows(x)
+    with pytest.raises(kernel_side.Mismatch, match="more often"):
+        mod.square_kernel[(2,)](xs, out2, 20, BLOCK=16)
+    kernel_side.bind("2.2", ["square_kernel"], vars(mod))
+    with pytest.raises(kernel_side.Mismatch, match="launched as a kernel"):
+        mod.square_kernel(xs, out2, 20, BLOCK=16)
+
+
+def test_check_statements_are_guarded_so_later_checks_still_run():
+    src = H.CHECKS["1.2"]
+    guarded = instrument.guard_check(src, "1.2")
+    assert guarded.count("except Exception") == 2 and "verify_call" not in guarded
+    verify, _ = instrument.rewrite_check(src, "1.2")
+    assert verify.count("__course_grade__.stopped('1.2', ") == 2
+    # a check call inside a function or another check is not guarded: its error must reach
+    # whatever called it
+    nested = "def f():\n    check_equal(1, 2)\ncheck_raises(lambda: check_equal(1, 2), AssertionError)"
+    assert instrument.guard_check(nested, "1.1").count("except Exception") == 1
+
+
+# ------------------------------------------------------------------ re-runs and crashes
+def test_rerun_same_scores_crash_isolation_and_resume(tiny, tmp_path, monkeypatch):
+    subs = tmp_path / "subs"
+    H.make_class(tiny, subs, names={"honest", "partial", "rng_user"})
+    first = grader.grade(H.NAME, subs, tmp_path / "a", workers=2, cell_timeout=CELL_TIMEOUT,
+                         timeout=120, root=tiny).scores()
+    assert first == {"honest": 4, "partial": 3, "rng_user": 4}
+
+    real = grader._finish_student
+
+    def crash_on_partial(tpl, ref, sub, job, *a, **k):
+        if sub.student == "partial":
+            raise RuntimeError("simulated crash while grading")
+        return real(tpl, ref, sub, job, *a, **k)
+
+    out = tmp_path / "b"
+    monkeypatch.setattr(grader, "_finish_student", crash_on_partial)
+    second = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT, timeout=120,
+                          root=tiny)
+    assert second.scores() == {"honest": 4, "partial": 0, "rng_user": 4}
+    assert second.students["partial"]["status"] == "error"
+    assert "simulated crash" in (out / "feedback" / "partial.md").read_text()
+    monkeypatch.setattr(grader, "_finish_student", real)
+
+    # resume: the two graded students are kept, only the crashed one runs again
+    said = []
+    third = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT, timeout=120,
+                         root=tiny, resume=True, progress=said.append)
+    assert third.scores() == first
+    assert sum("kept earlier result" in s for s in said) == 2
+
+
+# ------------------------------------------------------------------ real problem sets
+REAL = sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("solution", REAL, ids=[p.stem for p in REAL])
+def test_real_solution_full_marks_and_exercise_zero(solution, tmp_path):
+    exercise = ROOT / "exercises" / solution.name
+    assert exercise.exists(), f"{exercise} is missing: run the problems pipeline"
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.copy(solution, subs / "solution.ipynb")
+    shutil.copy(exercise, subs / "exercise.ipynb")
+    res = grader.grade(solution.stem, subs, tmp_path / "out", workers=2, cell_timeout=600,
+                       timeout=1200)
+    tpl = grader.load_template(solution.stem)
+    sol, ex = res.students["solution"], res.students["exercise"]
+    fb = (tmp_path / "out" / "feedback" / "solution.md").read_text()
+    assert sol["total"] == tpl.max_points, fb
+    assert ex["total"] == 0, (tmp_path / "out" / "feedback" / "exercise.md").read_text()
+
+
+# ------------------------------------------------------------------ the template rewrite
+def test_verifier_notebook_holds_no_student_code(tiny):
+    tpl = grader.load_template(H.NAME, root=tiny)
+    nb, roles = instrument.build(tpl.nb, tpl.exercises, "verify", nonce="n")
+    src = "\n".join(c.source for c in nb.cells)
+    assert "return 2 * x" not in src and "6 * 7" not in src
+    assert "bind('1.2', ['double'], globals())" in src
+    assert "verify_call('1.2', 0, check_close, double(x), x + x, name='double')" in src
+    e = next(x for x in tpl.exercises if x.id == "1.2")
+    _, sites = instrument.rewrite_check(tpl.nb.cells[e.check_index].source, "1.2")
+    assert [s[2] for s in sites] == [False, True]  # the second call is a hidden test
+    assert ("bind", "1.1") in roles and ("check", "1.3") in roles
+
+
+def test_student_notebook_takes_only_answer_sources(tiny):
+    tpl = grader.load_template(H.NAME, root=tiny)
+    answers = {"1.1": "# NBVAL_SKIP\nanswer_1_1 = 1"}
+    nb, roles = instrument.build(tpl.nb, tpl.exercises, "student", answers, nonce="n")
+    srcs = [c.source for c in nb.cells]
+    assert "NBVAL_SKIP" not in "\n".join(srcs)
+    assert any("answer_1_1 = 1" in s for s in srcs)
+    # a missing answer becomes the exercise stub
+    assert any("raise NotImplementedError('Exercise 1.2" in s for s in srcs)
+    assert any("export('1.3', ['safe_div'], globals())" in s for s in srcs)
+    assert all(not c.get("outputs") and not c.metadata.get("tags") for c in nb.cells)
+    assert roles[0] == ("setup", None) and ("check", "1.3") in roles
+
+
+def test_answer_names():
+    assert instrument.answer_names(H.ANSWERS["1.3"]) == ["safe_div"]
+    assert instrument.answer_names("a, (b, c) = 1, (2, 3)\nfor i in range(2):\n    pass\n"
+                                   "import math\nsq = [j for j in range(3)]") == ["a", "b", "c", "i", "sq"]
+    with pytest.raises(instrument.TemplateError, match="defines no name"):
+        instrument.answer_names("print(1)")
+
+
+def test_expected_values_computed_apart_are_flagged():
+    src = ("# Check 2.1\nq = torch.randn(3)\nref = q.softmax(0)\n"
+           "check_close(my_softmax(q), ref, name='softmax')\n"
+           "check_close(my_softmax(q), q.softmax(0))")
+    assert instrument.exposed_names(src) == ["ref"]
+    assert instrument.exposed_names(H.CHECKS["1.2"]) == []
+
+
+@pytest.mark.parametrize("src, words", [
+    ("# Check 1.1\nassert answer_1_1 == 42", "calls no check function"),
+    ("# Check 1.1\ncheck_equal(answer_1_1,", "not valid Python"),
+])
+def test_ungradable_check_cells_are_refused(src, words):
+    with pytest.raises(instrument.TemplateError, match=words):
+        instrument.rewrite_check(src, "1.1")
+
+
+def test_template_lookup_errors(tiny):
+    with pytest.raises(grader.GradingError, match="no single problem set"):
+        grader.load_template("99_nothing", root=tiny)
+    with pytest.raises(grader.GradingError, match="assignment"):
+        grader.load_template(None)
+    assert grader.load_template("01", root=tiny).name == H.NAME
+    assert grader.load_template(tiny / "solutions" / f"{H.NAME}.ipynb").max_points == 4
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"workers": 0}, "workers"), ({"workers": 1.5}, "workers"),
+    ({"cell_timeout": -1}, "cell_timeout"), ({"timeout": "10"}, "timeout"),
+])
+def test_grade_rejects_bad_arguments(tiny, tmp_path, kw, words):
+    sub = H.write_submission(tmp_path, "x", H.exercise_nb(tiny))
+    with pytest.raises(grader.GradingError, match=words):
+        grader.grade(H.NAME, sub, tmp_path / "out", root=tiny, **kw)
+    with pytest.raises(grader.GradingError, match="submissions"):
+        grader.grade(H.NAME, tmp_path / "nope", tmp_path / "out", root=tiny)
+
+
+def test_output_folder_must_not_hold_submissions(tiny, tmp_path):
+    H.write_submission(tmp_path, "x", H.exercise_nb(tiny))
+    with pytest.raises(grader.GradingError, match="out_dir"):
+        grader.grade(H.NAME, tmp_path, tmp_path / "out", root=tiny)
+
+
+def test_ambiguous_class_is_refused_before_any_work(tiny, tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    H.write_submission(subs, "ann", H.exercise_nb(tiny))
+    (subs / "ann" / H.NAME).mkdir(parents=True)
+    H.write_submission(subs / "ann" / H.NAME, H.NAME, H.exercise_nb(tiny))
+    said = []
+    with pytest.raises(grader.GradingError, match="more than one submission for ann"):
+        grader.grade(H.NAME, subs, tmp_path / "out", root=tiny, progress=said.append)
+    assert not said and not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(grader.GradingError, match="out_dir"):
+        grader.grade(H.NAME, subs, tmp_path / "file", root=tiny)
+
+
+# ------------------------------------------------------------------ stand-ins in the verifier
+def _bound(exports, calls):
+    kernel_side._state["inputs"] = {"exports": exports, "calls": calls}
+    ns = {}
+    kernel_side.bind("1.2", ["f", "v", "gone"], ns)
+    return ns
+
+
+def test_verifier_stand_ins_return_recorded_results_for_matching_inputs():
+    x = torch.arange(3.0)
+    calls = {"f": [{"args": [x], "kwargs": {}, "outcome": {"returned": x * 2}},
+                   {"args": [1, 0], "kwargs": {}, "outcome": {
+                       "raised": ["builtins:ValueError", "builtins:Exception"], "message": "zero"}}]}
+    ns = _bound({"1.2/f": {"kind": "function"}, "1.2/v": {"kind": "data", "value": 42},
+                 "1.2/gone": {"kind": "missing"}}, calls)
+    assert ns["v"] == 42 and "gone" not in ns
+    assert torch.equal(ns["f"](torch.arange(3.0)), x * 2)
+    with pytest.raises(ValueError, match="zero"):
+        ns["f"](1, 0)
+    with pytest.raises(kernel_side.Mismatch, match="more often"):
+        ns["f"](1, 0)
+    ns = _bound({"1.2/f": {"kind": "function"}}, calls)
+    with pytest.raises(kernel_side.Mismatch, match="inputs differ"):
+        ns["f"](torch.arange(3.0) + 1)
+    ns = _bound({"1.2/f": {"kind": "function"}}, {"f": [{"args": [1], "kwargs": {}, "outcome": {
+        "raised": ["__main__:MyError", "builtins:KeyError", "builtins:Exception"],
+        "message": "m"}}]})
+    with pytest.raises(KeyError):
+        ns["f"](1)
+
+
+def test_verify_call_ships_the_real_verdict(monkeypatch):
+    shipped = []
+    monkeypatch.setattr(kernel_side, "_publish", lambda kind, key, p: shipped.append((key, p)))
+    kernel_side._state["hits"] = {}
+    kernel_side.verify_call("1.1", 0, check_equal, 42, 42, name="n", quiet=True)
+    with pytest.raises(AssertionError):
+        kernel_side.verify_call("1.1", 0, check_equal, 41, 42, name="n", quiet=True)
+    assert [k for k, _ in shipped] == ["1.1/c0/0", "1.1/c0/1"]
+    assert shipped[0][1]["passed"] and not shipped[1][1]["passed"]
+    assert "is 41, expected 42" in shipped[1][1]["message"]
+
+
+def test_check_functions_must_come_from_trusted_modules():
+    with pytest.raises(codec.CodecError, match="only resolves"):
+        codec.resolve("os:system")
+    with pytest.raises(codec.CodecError):
+        codec.resolve("subprocess:run")
+
+
+# ------------------------------------------------------------------ data, never code
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_blobs_cannot_carry_code():
+    import base64
+    evil = base64.b64encode(pickle.dumps({"__tensor__": _Boom()}, protocol=2)).decode()
+    with pytest.raises(codec.CodecError, match="unreadable"):
+        codec.loads(evil)
+    with pytest.raises(codec.CodecError):
+        codec.decode({"__weird__": 1})
+    with pytest.raises(codec.CodecError, match="over the"):
+        codec.loads("A" * 100, max_bytes=10)
+
+
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+                  st.floats(allow_nan=False), st.text(max_size=8))
+_tree = st.recursive(_leaf, lambda kids: st.one_of(
+    st.lists(kids, max_size=3), st.tuples(kids, kids),
+    st.dictionaries(st.text(max_size=4), kids, max_size=3)), max_leaves=8)
+
+
+@settings(max_examples=20, deadline=None)
+@given(_tree)
+def test_codec_round_trip(value):
+    assert codec.decode(codec.loads(codec.dumps(value))) == value
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=0, max_size=3),
+       st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bool]))
+def test_codec_round_trip_tensors(shape, dtype):
+    t = (torch.rand(shape) * 5).to(dtype)
+    back = codec.decode(codec.loads(codec.dumps({"t": t, "dt": dtype, "size": t.shape})))
+    assert torch.equal(back["t"], t) and back["t"].dtype == dtype
+    assert back["dt"] == dtype and back["size"] == tuple(shape)
+
+
+def test_codec_flattens_hostile_values():
+    class Always(int):
+        def __eq__(self, other):
+            return True
+        __hash__ = int.__hash__
+
+    class Sub(torch.Tensor):
+        pass
+
+    v = codec.decode(codec.loads(codec.dumps([Always(3), torch.zeros(2).as_subclass(Sub), object()])))
+    assert type(v[0]) is int and v[0] == 3 and v[0] != 4
+    assert type(v[1]) is torch.Tensor
+    assert isinstance(v[2], codec.Unserializable) and v[2] != v[2]
+
+
+def test_records_of_course_classes_with_foreign_fields_decode_as_ungradable():
+    tile = kernel_side.Tile("fp32", [2], "<f4", [2], torch.zeros(8, dtype=torch.uint8))
+    tree = codec.encode(tile)
+    back = codec.decode(tree)
+    assert isinstance(back, kernel_side.Tile) and kernel_side._same(back, tile)
+    assert not kernel_side._same(back, kernel_side.Tile("fp32", [2], "<f4", [2],
+                                                        torch.ones(8, dtype=torch.uint8)))
+    tree["fields"] = ["dtype", "evil"]
+    bad = codec.decode(tree)
+    assert isinstance(bad, codec.Unserializable) and "do not fit" in bad.what
+
+
+def test_runner_starts_the_kernel_again_when_it_dies_before_answering(tmp_path, monkeypatch):
+    from course_utils.grading import runner
+    tries = []
+
+    def flaky(nb, result_path, *args):
+        tries.append(result_path)
+        if len(tries) < runner.START_TRIES:
+            raise runner._StartFailed("Kernel died before replying to kernel_info")
+        return {"outcome": "completed", "cells": []}
+
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("pass")]), path)
+    monkeypatch.setattr(runner, "_run_once", flaky)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    assert runner.run(path, tmp_path / "r.json", tmp_path)["outcome"] == "completed"
+    assert len(tries) == runner.START_TRIES and not path.exists()
+
+    def dead(nb, result_path, *args):
+        try:
+            raise OSError("no such kernel")
+        except OSError as e:
+            raise runner._StartFailed(str(e)) from e
+
+    nbformat.write(nbformat.v4.new_notebook(), path)
+    monkeypatch.setattr(runner, "_run_once", dead)
+    with pytest.raises(RuntimeError, match="did not start .* no such kernel"):
+        runner.run(path, tmp_path / "r.json", tmp_path)
+
+
+def test_kernel_and_runner_agree_on_the_record_type():
+    text = (ROOT / "course_utils" / "grading" / "runner.py").read_text()
+    assert f'MIME = "{kernel_side.MIME}"' in text
+
+
+# ------------------------------------------------------------------ finding submissions
+def test_discover_layouts(tiny, tmp_path):
+    nb = H.exercise_nb(tiny)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    H.write_submission(flat, "ann", nb)
+    H.write_submission(flat, "bo", nb)
+    (flat / "notes.txt").write_text("x")
+    found, notes = submissions.discover(flat, H.NAME)
+    assert [s for s, _ in found] == ["ann", "bo"] and "notes.txt" in notes[0]
+
+    tree = tmp_path / "course" / "submitted"
+    for student in ("cy", "di"):
+        d = tree / student / H.NAME
+        d.mkdir(parents=True)
+        H.write_submission(d, H.NAME, nb)
+    (tree / "eve" / "other").mkdir(parents=True)
+    (tree / "eve" / "wrong").mkdir(parents=True)
+    found, notes = submissions.discover(tmp_path / "course", H.NAME)
+    assert [(s, p.name if p else None) for s, p in found] == [
+        ("cy", f"{H.NAME}.ipynb"), ("di", f"{H.NAME}.ipynb"), ("eve", None)]
+    assert any("eve" in n for n in notes)
+
+    one, _ = submissions.discover(flat / "ann.ipynb", H.NAME)
+    assert one == [("ann", flat / "ann.ipynb")]
+    with pytest.raises(FileNotFoundError):
+        submissions.discover(tmp_path / "missing", H.NAME)
+
+
+def test_reading_a_submission_reports_problems(tiny, tmp_path):
+    tpl = grader.load_template(H.NAME, root=tiny)
+    nb = H.fill(H.exercise_nb(tiny), H.GOOD)
+    path = H.write_submission(tmp_path, "s", nb)
+    sub = submissions.read("s", path, tpl.exercises)
+    assert set(sub.answers) == {"1.1", "1.2", "1.3"} and not sub.problems and not sub.notes
+    path.write_bytes(b"\xff\xfe not text")
+    assert "UTF-8" in submissions.read("s", path, tpl.exercises).invalid
+    assert submissions.safe_name("../../etc/passwd") == "etc_passwd"
+
+
+def test_invalid_class_needs_no_kernel(tiny, tmp_path):
+    # only unreadable files: graded without starting the official solution at all
+    subs = tmp_path / "subs"
+    H.make_class(tiny, subs, names={"not_a_notebook", "invalid_json"})
+    said = []
+    res = grader.grade(H.NAME, subs, tmp_path / "out", root=tiny, progress=said.append)
+    assert res.scores() == {"invalid_json": 0, "not_a_notebook": 0}
+    assert not any("official solution" in s for s in said)
+
+
+def test_cli(tiny, tmp_path, capsys):
+    assert cli_main(["99_nothing", str(tmp_path), "-o", str(tmp_path / "o")]) == 2
+    assert "no single problem set" in capsys.readouterr().err
+    subs = tmp_path / "subs"
+    H.make_class(tiny, subs, names={"invalid_json"})
+    sol = tiny / "solutions" / f"{H.NAME}.ipynb"
+    assert cli_main([str(sol), str(subs), "-o", str(tmp_path / "o"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "graded 1 submission(s)" in out and "1 not gradable" in out
+    r = subprocess.run([sys.executable, "-m", "course_utils.grading", "--help"], cwd=ROOT,
+                       capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0 and "nbgrader" in r.stdout

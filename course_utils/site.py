@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -97,6 +98,18 @@ def _kernel_env() -> dict:
                                           if p)}
 
 
+def _kernel_sockets(sock_dir):
+    """Kernel sockets in a folder of this run's own (Unix) rather than on TCP ports:
+    kernels started at the same moment (parallel lessons, other test workers) can
+    otherwise pick the same free port, and a client then waits on the wrong kernel."""
+    from traitlets.config import Config
+    cfg = Config()
+    if os.name == "posix" and len(str(sock_dir)) < 80:
+        cfg.KernelManager.transport = "ipc"
+        cfg.KernelManager.ip = str(Path(sock_dir) / "kernel")
+    return cfg
+
+
 def _execute(path: str, timeout: int) -> tuple[str, str | None, float]:
     """Run one lesson in a fresh kernel in static-widget mode. Returns the executed
     notebook as JSON text, an error line (or None) and the seconds it took."""
@@ -115,11 +128,12 @@ def _execute(path: str, timeout: int) -> tuple[str, str | None, float]:
 
     nb = nbformat.read(path, as_version=4)
     t = time.time()
+    sock_dir = tempfile.mkdtemp(prefix="course-site-")
     # store_widget_state=True: nbclient 0.10 fails on Output widgets without it; it
     # is also what freeze_widgets() reads the widgets' contents from
     client = Client(nb, timeout=timeout, kernel_name="python3",
                     resources={"metadata": {"path": str(LESSONS_DIR)}},
-                    store_widget_state=True)
+                    store_widget_state=True, config=_kernel_sockets(sock_dir))
     try:
         client.execute(env=dict(os.environ, **_kernel_env()))   # the kernel's env only
         error = None
@@ -135,6 +149,8 @@ def _execute(path: str, timeout: int) -> tuple[str, str | None, float]:
                 break
     except Exception as exc:  # noqa: BLE001 - kernel start-up problems and the like
         error = f"{type(exc).__name__}: {exc}"
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
     freeze_widgets(nb)
     if error:
         error = _ANSI.sub("", error)

@@ -275,7 +275,7 @@ def test_build_every_lesson(tmp_path):
     if not (ROOT / "notebooks" / "01_register_machine.ipynb").exists():
         pytest.skip("lesson 1 is not in notebooks/ yet")
     out = ROOT / "build" / "site-test"
-    report = site.build(out, save_executed=tmp_path, log=lambda m: None)
+    report = site.build(out, save_executed=tmp_path, timeout=300, log=lambda m: None)
     assert report.problems == [], "\n".join(report.problems)
     assert site.check(out) == []
     assert sorted(name for name, _, _ in report.lessons) == [p.name for p in lessons]

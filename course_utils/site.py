@@ -98,7 +98,7 @@ def _kernel_env() -> dict:
                                           if p)}
 
 
-def _kernel_sockets(sock_dir):
+def kernel_sockets(sock_dir):
     """Kernel sockets in a folder of this run's own (Unix) rather than on TCP ports:
     kernels started at the same moment (parallel lessons, other test workers) can
     otherwise pick the same free port, and a client then waits on the wrong kernel."""
@@ -133,7 +133,7 @@ def _execute(path: str, timeout: int) -> tuple[str, str | None, float]:
     # is also what freeze_widgets() reads the widgets' contents from
     client = Client(nb, timeout=timeout, kernel_name="python3",
                     resources={"metadata": {"path": str(LESSONS_DIR)}},
-                    store_widget_state=True, config=_kernel_sockets(sock_dir))
+                    store_widget_state=True, config=kernel_sockets(sock_dir))
     try:
         client.execute(env=dict(os.environ, **_kernel_env()))   # the kernel's env only
         error = None

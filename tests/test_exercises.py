@@ -1,12 +1,13 @@
 """Every generated exercise must fail its checks: each answer cell raises the
 NotImplementedError with its hint, and each check cell then fails."""
-import os
 import tempfile
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from course_utils.site import kernel_sockets
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
@@ -16,24 +17,13 @@ def _errors(cell):
     return [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
 
 
-def _ipc_config(sock_dir):
-    """Kernel sockets in a folder of this test's own: kernels that other test workers
-    start at the same moment cannot then pick the same TCP port."""
-    from traitlets.config import Config
-    cfg = Config()
-    if os.name == "posix" and len(str(sock_dir)) < 80:
-        cfg.KernelManager.transport = "ipc"
-        cfg.KernelManager.ip = str(Path(sock_dir) / "kernel")
-    return cfg
-
-
 @pytest.mark.parametrize("path", EXERCISES, ids=[p.stem for p in EXERCISES])
 def test_exercise_fails_its_checks(path):
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="course-ex-") as sock_dir:
         client = NotebookClient(nb, timeout=600, allow_errors=True, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent)}},
-                                config=_ipc_config(sock_dir))
+                                config=kernel_sockets(sock_dir))
         client.execute()
     graded = [c for c in nb.cells if c.get("metadata", {}).get("course")]
     assert graded, f"{path.name}: no graded cells"

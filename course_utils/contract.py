@@ -207,14 +207,17 @@ def implementation(name) -> Implementation:
 
 # --------------------------------------------------------------------------- the validator
 def validate_attention(q, k, v, *, is_causal=False, alignment=None, scale=None,
-                       enable_gqa=False, impl="naive", names=("q", "k", "v")) -> AttentionShape:
+                       enable_gqa=False, impl="naive", names=("q", "k", "v"),
+                       hardware=True) -> AttentionShape:
     """Check one attention call before any work; return its :class:`AttentionShape`.
 
     ``impl`` names the entry point (a key of :data:`IMPLEMENTATIONS`) whose declared
     support is checked too. ``alignment`` (default: the implementation's) is used only
     with ``is_causal=True``. Raises ``TypeError`` for a wrong type or dtype,
     ``ValueError`` for a wrong shape, device, head dim, alignment or scale, and
-    :class:`GQAError` for head counts that need (or do not allow) ``enable_gqa``."""
+    :class:`GQAError` for head counts that need (or do not allow) ``enable_gqa``.
+    ``hardware=False`` leaves out the check for an sm90 GPU (``RuntimeError``), for a
+    caller that checks its own options first."""
     rec = implementation(impl)
     nq_, nk_, nv_ = names
     forms = {nq_: "(B, Hq, Nq, D)", nk_: "(B, Hkv, Nk, D)", nv_: "(B, Hkv, Nk, D)"}
@@ -275,12 +278,12 @@ def validate_attention(q, k, v, *, is_causal=False, alignment=None, scale=None,
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
         scale = float(scale)
-    _check_declared(rec, q, d, nq, nk, is_causal, alignment, names)
+    _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware)
     return AttentionShape(b, hq, hkv, nq, nk, d, scale, hq // hkv,
                           alignment if is_causal else None)
 
 
-def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names):
+def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware=True):
     """What this implementation declared it supports."""
     what = rec.function
     if q.dtype not in rec.dtypes:
@@ -305,7 +308,7 @@ def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names):
                                  f"got {name}={n}")
     if rec.devices != "any":
         from course_utils import device
-        if rec.devices == "hopper" and not device.IS_HOPPER:
+        if rec.devices == "hopper" and hardware and not device.IS_HOPPER:
             raise RuntimeError(f"{what} needs an sm90 GPU (Hopper, e.g. H100); this machine: "
                                f"{device.describe()['device']}")
         want = device.DEVICE.type

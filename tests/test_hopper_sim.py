@@ -172,30 +172,33 @@ from course_utils.hopper.schedule_sim import WaitParity  # noqa: E402
 
 
 def _one_barrier(waiter, arrivals, per_phase=1):
-    """A producer arrives ``arrivals`` times on 'bar'; a consumer runs ``waiter``."""
-    prod = [Op("alu", 1.0, f"work{i}", barrier="bar") for i in range(arrivals)]
+    """A producer arrives ``arrivals`` times on 'bar' and then on 'done'; a consumer
+    waits for 'done' and then runs ``waiter``."""
+    prod = [Op("alu", 1.0, f"work{i}", barrier="bar") for i in range(arrivals)] + [Arrive("done")]
     sched = Schedule("phases", [Warpgroup("p", "producer", prod, 24),
-                                Warpgroup("c", "consumer", waiter, 100)],
+                                Warpgroup("c", "consumer", [WaitParity("done", 0)] + waiter, 100)],
                      arrivals_per_phase={"bar": per_phase})
     return sim.simulate(sched, check_registers=False)
 
 
 def test_parity_wait_semantics():
     # a fresh barrier is in phase 0: the phase "before" it (parity 1) counts as complete
-    assert _one_barrier([WaitParity("bar", 1)], 0).time_us >= 0
+    _one_barrier([WaitParity("bar", 1)], 0)
     with pytest.raises(sim.DeadlockError, match="parity 0"):
         _one_barrier([WaitParity("bar", 0)], 0)
     # one arrival completes phase 0: parity 0 passes, parity 1 now waits for phase 1
     _one_barrier([WaitParity("bar", 0)], 1)
     with pytest.raises(sim.DeadlockError, match="parity 1"):
-        _one_barrier([WaitParity("bar", 0), WaitParity("bar", 1)], 1)
+        _one_barrier([WaitParity("bar", 1)], 1)
     # two arrivals per phase: one arrival completes nothing
     with pytest.raises(sim.DeadlockError, match="'bar' for the phase of parity 0"):
         _one_barrier([WaitParity("bar", 0)], 1, per_phase=2)
     _one_barrier([WaitParity("bar", 0)], 2, per_phase=2)
     # one bit cannot tell phase 0 from phase 2: after two phases parity 0 waits again
-    r = _one_barrier([WaitParity("bar", 0)], 3)
-    assert r.waits and r.waits[0][1] == "bar"
+    with pytest.raises(sim.DeadlockError, match="parity 0"):
+        _one_barrier([WaitParity("bar", 0)], 2)
+    _one_barrier([WaitParity("bar", 1)], 2)
+    _one_barrier([WaitParity("bar", 0)], 3)
     with pytest.raises(ValueError, match="parity must be 0 or 1"):
         WaitParity("bar", 2)
 

@@ -44,6 +44,7 @@ SOURCED = {
     ("08", "570 TFLOPS"): "FlashAttention-3 paper, pipelining ablation",
     ("08", "582 TFLOPS"): "FlashAttention-3 paper, pipelining ablation",
     ("08", "661 TFLOPS"): "FlashAttention-3 paper, pipelining ablation",
+    ("09", "3.35 TB/s"): "NVIDIA H100 SXM5 data sheet: HBM3 peak bandwidth",
 }
 
 

@@ -18,9 +18,9 @@ The copy engine serves its requests in order. On the other units one warpgroup's
 ops run in the order it issued them, and several warpgroups are **processor-shared**:
 the warp schedulers interleave the instructions of every ready warp, so two
 warpgroups that issue matmuls together each get half the tensor cores and finish
-together. That is
-why two uncoordinated warpgroups stay in lockstep, and why FlashAttention-3 orders
-them explicitly (ping-pong).
+together. Under
+this sharing two uncoordinated warpgroups stay in lockstep, which is what
+FlashAttention-3's explicit ordering (ping-pong) is meant to break.
 
 **Warpgroups** run a *program*: a list of instructions executed in order.
 
@@ -51,7 +51,11 @@ the warpgroups' registers do not fit the 64K-register file.
 
 **Assumptions** (parameters of :class:`Hardware`, not measured facts): ``l2_reuse``
 -- a K/V tile is fetched from HBM once and served from L2 to about this many SMs
-working on the same head; every op runs at its unit's full rate.
+working on the same head; ``tensor_in_order`` -- ``False`` (default): warpgroups that
+have matmuls in flight share the tensor cores as described above; ``True``: the tensor
+cores run matmuls one after another in issue order, across warpgroups, so ordering
+the *issue* (ping-pong's turn barriers) orders the execution too. Every op runs at its
+unit's full rate, with no latency.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@
 # from a folder of wheels, ./.wheelhouse, made beforehand on a machine with an index:
 #     python -m pip download --only-binary=:all: --python-version 3.12 ... -d .wheelhouse \
 #         nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-#         pytest-xdist hypothesis tqdm jupyter_client
+#         pytest-xdist hypothesis tqdm jupyter_client latex2mathml
 # They are installed into a side folder on PYTHONPATH, so the machine's own torch and
 # Triton stay in use.
 #
@@ -34,9 +34,9 @@ if ! python3 -c "import nbval, ipywidgets, nbclient" 2>/dev/null; then
     if [ -d .wheelhouse ]; then
         python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" \
             nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-            pytest-xdist hypothesis tqdm jupyter_client >"$logs/install.log" 2>&1 \
+            pytest-xdist hypothesis tqdm jupyter_client latex2mathml >"$logs/install.log" 2>&1 \
             || { echo "installing from .wheelhouse failed: see $logs/install.log"; exit 1; }
-        export PATH="$extra/bin:$PATH"
+        export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
         PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}"
     else
         echo "nbval/ipywidgets/nbclient are missing and there is no .wheelhouse folder" >&2

@@ -72,10 +72,10 @@ def run_case(case):
     k = make((B, Hkv, Nk, D), dtype, layout).requires_grad_()
     v = make((B, Hkv, Nk, D), dtype, layout).requires_grad_()
     do = torch.randn(B, Hq, Nq, D, device=device.DEVICE, dtype=dtype)
-    o, lse = triton_attention(q, k, v, is_causal=causal, return_lse=True)
+    o, lse = triton_attention(q, k, v, is_causal=causal, return_lse=True, enable_gqa=True)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    o_ref, lse_ref = naive_attention(q32, k32, v32, is_causal=causal, return_lse=True)
+    o_ref, lse_ref = naive_attention(q32, k32, v32, is_causal=causal, return_lse=True, enable_gqa=True)
     g_ref = torch.autograd.grad(o_ref, (q32, k32, v32), do.float())
     errs = {"o": rel(o, o_ref), "lse": rel(lse, lse_ref), "dq": rel(dq, g_ref[0]),
             "dk": rel(dk, g_ref[1]), "dv": rel(dv, g_ref[2])}
@@ -107,7 +107,7 @@ def main(argv=None):
     # errors must be raised before any launch
     q = torch.randn(1, 2, 8, 512, device=device.DEVICE, dtype=F16)
     try:
-        triton_attention(q, q, q)
+        triton_attention(q, q, q, enable_gqa=True)
         print("FAIL head dim 512 was accepted")
         failed += 1
     except ValueError as e:

@@ -290,12 +290,13 @@ def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware=Tru
         raise TypeError(f"{what} takes {', '.join(str(t).replace('torch.', '') for t in rec.dtypes)}"
                         f" tensors, got {q.dtype}")
     if not rec._head_dim_ok(d):
-        allowed = (f"one of {rec.head_dims}" if rec.head_dims is not None
-                   else f"at most {rec.max_head_dim}")
-        raise ValueError(f"head dim D={d} is not supported by {what}: D must be {allowed}")
+        if rec.head_dims is not None:
+            raise ValueError(f"head dim D must be one of {rec.head_dims} for {what}, got D={d}")
+        raise ValueError(f"head dim D={d} is too large for {what}: D must be at most "
+                         f"{rec.max_head_dim}")
     if is_causal and alignment not in rec.alignments:
         if not rec.alignments:
-            raise ValueError(f"{what} computes attention without a causal mask only: pass "
+            raise ValueError(f"{what} computes non-causal attention only: pass "
                              f"is_causal=False")
         raise ValueError(f"{what} supports the causal alignments {rec.alignments}, "
                          f"got alignment={alignment!r}")

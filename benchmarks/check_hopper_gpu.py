@@ -67,7 +67,8 @@ def main():
     from course_utils.hopper.gluon_fwd import attention_gluon
     from course_utils.hopper.triton_fwd import attention_tma
 
-    for dtype in (torch.float16, torch.bfloat16):
+    from course_utils.contract import IMPLEMENTATIONS
+    for dtype in IMPLEMENTATIONS["tma"].dtypes:             # the dtypes the kernels declare
         for (b, hq, hkv, nq, nk, d, causal) in [(2, 4, 4, 1024, 1024, 128, False),
                                                  (1, 4, 2, 777, 1000, 128, True),
                                                  (1, 2, 1, 300, 129, 64, False),

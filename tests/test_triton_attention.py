@@ -220,7 +220,7 @@ def _gpu_check():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.HAS_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(len(_gpu_check().CASES)))
 def test_real_sizes_on_the_gpu(case):
     mod = _gpu_check()
     torch.manual_seed(case)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_utils.attention import TrafficCounter, flash_attention_fa2, naive_attention
-from course_utils.backward import (AllocationTracker, FlashAttentionFunction,
+from course_utils.backward import (BACKWARD_TENSORS, AllocationTracker, FlashAttentionFunction,
                                    attention_backward_reference, autograd_reference,
                                    backward_traffic_formula, flash_attention,
                                    flash_attention_backward)
@@ -152,8 +152,8 @@ def test_counted_traffic_matches_the_formula(causal, group):
                                  counter=c, d_trick=d_trick)
         f = backward_traffic_formula(Nq, Nk, D, Br, Bc, B=B, H=Hkv * group, is_causal=causal,
                                      d_trick=d_trick)
-        assert c.reads == {n: x for n, x in f["reads"].items() if x}
-        assert c.writes == {n: x for n, x in f["writes"].items() if x}
+        assert c.as_dict(BACKWARD_TENSORS) == f
+        assert set(c.reads) | set(c.writes) <= set(BACKWARD_TENSORS)
         assert c.tiles_visited == (1 if d_trick else 2) * sum(
             1 for i in range(0, Nq, Br) for j in range(0, Nk, Bc) if not causal or j <= min(i + Br, Nq) - 1)
 
@@ -187,10 +187,10 @@ def test_traffic_formula_closed_form():
     Nq, Nk, D, Br, Bc = 256, 512, 64, 64, 128
     tc = math.ceil(Nk / Bc)
     f = backward_traffic_formula(Nq, Nk, D, Br, Bc)
-    assert f["reads"]["K"] == Nk * D and f["reads"]["Q"] == tc * Nq * D
-    assert f["reads"]["dO"] == Nq * D + tc * Nq * D and f["writes"]["D"] == Nq
+    assert f["K reads"] == Nk * D and f["Q reads"] == tc * Nq * D
+    assert f["dO reads"] == Nq * D + tc * Nq * D and f["D writes"] == Nq
     g = backward_traffic_formula(Nq, Nk, D, Br, Bc, d_trick=False)
-    assert g["reads"]["K"] == 2 * Nk * D and g["reads"]["O"] == 0
+    assert g["K reads"] == 2 * Nk * D and g["O reads"] == 0
     with pytest.raises(TypeError, match="Br"):
         backward_traffic_formula(Nq, Nk, D, None, Bc)
     with pytest.raises(ValueError, match="Bc"):

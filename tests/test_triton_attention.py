@@ -226,3 +226,56 @@ def test_real_sizes_on_the_gpu(case):
     torch.manual_seed(case)
     ok, errs = mod.run_case(mod.CASES[case])
     assert ok, errs
+
+
+# --------------------------------------------------------------------------- precision policy
+WRONG_KERNELS = {
+    # the online softmax without rescaling acc by alpha
+    ("06", "6.4"): ("@triton.jit\ndef online_update(m, l, acc, s, v):\n"
+                    "    m_new = tl.maximum(m, tl.max(s, 1))\n"
+                    "    alpha = tl.exp2(m - m_new)\n"
+                    "    p = tl.exp2(s - m_new[:, None])\n"
+                    "    l = l * alpha + tl.sum(p, 1)\n"
+                    "    acc = acc + tl.dot(p, v)\n"
+                    "    return m_new, l, acc\n"),
+    # dS without the Delta term
+    ("07", "7.2"): ("@triton.jit\ndef dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):\n"
+                    "    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])\n"
+                    "    dv += tl.dot(pT, do)\n"
+                    "    dsT = pT * tl.dot(v, tl.trans(do))\n"
+                    "    dk += tl.dot(dsT, tl.trans(qT))\n"
+                    "    return dk, dv\n"),
+}
+
+
+def _run_problem(prefix, exercise, answer=None):
+    """Run a solution notebook up to the check of ``exercise``, with ``answer`` in place
+    of the official answer cell (Triton reads kernel sources through linecache)."""
+    import linecache
+
+    import nbformat
+    path = next((Path(__file__).resolve().parents[1] / "solutions").glob(f"{prefix}_*.ipynb"))
+    ns = {}
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type != "code":
+            continue
+        meta = cell.get("metadata", {}).get("course", {})
+        src = cell.source
+        if answer is not None and meta.get("exercise") == exercise and meta.get("role") == "answer":
+            src = answer
+        name = f"<{path.stem} cell {i}>"
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        exec(compile(src, name, "exec"), ns)  # noqa: S102
+        if meta.get("exercise") == exercise and meta.get("role") == "check":
+            return
+    raise AssertionError(f"no check for exercise {exercise}")
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_KERNELS), ids=[e for _, e in sorted(WRONG_KERNELS)])
+def test_policy_tolerances_still_reject_wrong_kernels(key):
+    """The float32 checks of problem sets 6 and 7 take their tolerance from the
+    precision policy: the official answer passes, a learner's usual mistake fails."""
+    from course_utils.checks import CheckFailed
+    _run_problem(*key)
+    with pytest.raises(CheckFailed):
+        _run_problem(*key, answer=WRONG_KERNELS[key])

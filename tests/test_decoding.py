@@ -418,3 +418,15 @@ def test_problem_set_checks_fail_on_wrong_answers():
             env = dict(ns, **wrong)
             with pytest.raises(CheckFailed):
                 exec(checks[ex], env)
+
+
+def test_float64_references_stay_float64():
+    """float64 inputs keep the whole computation, lse included, in float64."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    o, lse = decode_attention_reference(q, k, v, return_lse=True)
+    o2, lse2 = split_kv_attention(q, k, v, 4, return_lse=True)
+    assert lse.dtype == lse2.dtype == o.dtype == o2.dtype == torch.float64
+    torch.testing.assert_close(o2, o, atol=1e-13, rtol=1e-12)
+    torch.testing.assert_close(lse2, lse, atol=1e-13, rtol=1e-12)

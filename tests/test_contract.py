@@ -50,8 +50,7 @@ def _masked_reference(q, k, v, is_causal, alignment):
 
 
 def _settings(rec):
-    out = [(False, None)] if rec.noncausal else []
-    return out + [(True, a) for a in rec.alignments]
+    return [(False, None)] + [(True, a) for a in rec.alignments]
 
 
 # --------------------------------------------------------------------------- declarations

@@ -39,10 +39,10 @@ def workloads():
 
     def fwd():
         with torch.no_grad():
-            triton_attention(q, k, v)
+            triton_attention(q, k, v, enable_gqa=True)
 
     def bwd():
-        o = triton_attention(q, k, v)
+        o = triton_attention(q, k, v, enable_gqa=True)
         torch.autograd.grad(o, (q, k, v), do)
 
     def cudnn():
@@ -54,7 +54,7 @@ def workloads():
     try:
         from course_utils.hopper.gluon_fwd import attention_gluon
         qd, kd, vd = q.detach(), k.detach(), v.detach()
-        work["gluon_pingpong_s3"] = lambda: attention_gluon(qd, kd, vd, pingpong=True, stages=3)
+        work["gluon_pingpong_s3"] = lambda: attention_gluon(qd, kd, vd, pingpong=True, stages=3, enable_gqa=True)
         from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
         prep = prepare_fp8(qd, kd, vd, hadamard=True)
         work["fp8_hadamard"] = lambda: attention_fp8_prepared(prep, out_dtype=qd.dtype)

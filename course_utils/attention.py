@@ -250,10 +250,12 @@ class TrafficCounter:
     def total(self):
         return self.total_reads + self.total_writes
 
-    def as_dict(self):
-        """``{"Q reads": .., "K reads": .., ...}`` with every name in a fixed order."""
+    def as_dict(self, names=("Q", "K", "V", "O", "l", "m", "lse")):
+        """``{"Q reads": .., "Q writes": .., ...}`` for every tensor in ``names`` (default:
+        the forward's; the backward's are ``course_utils.backward.BACKWARD_TENSORS``), in
+        that order: the one traffic format of the formulas and the widgets."""
         out = {}
-        for name in ("Q", "K", "V", "O", "l", "m", "lse"):
+        for name in names:
             out[f"{name} reads"] = self.reads.get(name, 0)
             out[f"{name} writes"] = self.writes.get(name, 0)
         return out

@@ -6,27 +6,30 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
 
 * **Producer partition** (1 warp, register budget ``LOADER_REGS``): issues every
   TMA copy. Q once, then K and V tiles into a ring of ``STAGES`` shared-memory
-  slots. Before refilling slot ``s`` it waits on ``kv_empty[s]``; each copy completes
-  on ``k_ready[s]`` / ``v_ready[s]``, armed with the number of bytes to expect.
+  slots. Before refilling K slot ``s`` it waits on ``k_empty[s]``, before refilling V
+  slot ``s`` on ``v_empty[s]``; each copy completes on ``k_ready[s]`` / ``v_ready[s]``,
+  armed with the number of bytes to expect.
 * **Consumer partition** (the default partition: 2 warpgroups = 8 warps, 128 query
   rows): for each key block, wait ``k_ready``, ``S = Q K^T`` with ``warpgroup_mma``
-  (wgmma, operands straight from shared memory), online softmax in registers, wait
-  ``v_ready``, ``O += P V`` with P from registers, then arrive on ``kv_empty`` to
-  hand the slot back to the producer.
+  (wgmma, operands straight from shared memory), arrive on ``k_empty`` once ``S`` is
+  done, online softmax in registers, wait ``v_ready``, ``O += P V`` with P from
+  registers, then arrive on ``v_empty``. K and V go back separately because the
+  pipelined loop below needs ``K_{j+1}`` while it still holds ``V_j``: with one
+  shared "empty" barrier a single-slot ring (``stages=1``) deadlocks.
 * With ``PIPELINE=True`` the consumer issues the next block's ``Q K^T`` before it
   does this block's softmax, so the tensor cores work while the exp unit does (the
   intra-warpgroup overlap of FlashAttention-3, section 3.2 of the paper).
 
 * With ``pingpong=True`` (FlashAttention-3's full schedule) there are **two** consumer
   partitions of one warpgroup (64 query rows) each. They share the K/V ring
-  (``kv_empty`` expects two arrivals) and take turns issuing their matmuls through two
+  (``k_empty`` and ``v_empty`` expect two arrivals) and take turns issuing their matmuls through two
   mbarriers ``turn[0]`` / ``turn[1]``, so one consumer's softmax overlaps the other's
   matmuls; each runs the pipelined loop. ``worker_num_regs`` gives each consumer
   ``consumer_regs`` registers and the producer ``loader_regs`` (``setmaxnreg``).
 
 Barrier phases: a slot is used for the ``j // STAGES``-th time at key block ``j``, so
 its barriers complete phase ``(j // STAGES) & 1``. The producer's first wait on an
-``kv_empty`` barrier asks for the phase *before* the first (parity 1), which a fresh
+"empty" barrier asks for the phase *before* the first (parity 1), which a fresh
 barrier reports as complete, so the ring starts empty without a special case.
 
 Sizes: D in {64, 128}, ``Nq`` and ``Nk`` multiples of 128, no causal mask (lesson 6's
@@ -64,19 +67,31 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                kv_empty, q_row, kv_row, n_blocks):
-        # constexprs do not cross into a partition as arguments: read them off the shapes
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        STAGES: gl.constexpr = k_smem.shape[0]
+                k_empty, v_empty, q_row, kv_row, n_blocks):
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row,
+                 n_blocks)
+
+    @gluon.jit
+    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row,
+                 n_blocks):
+        # constexprs do not cross into a partition as arguments: read them off the shapes
+        # K and V slots are handed back separately: the pipelined consumer is done with
+        # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
+        # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
+        # producer would wait for V_j's release before loading K_{j+1}, which the
+        # consumer waits for before it can finish P_j V_j: a deadlock.
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        STAGES: gl.constexpr = k_smem.shape[0]
         for j in range(n_blocks):
             s = j % STAGES
             phase = (j // STAGES) & 1
-            mbarrier.wait(kv_empty.index(s), phase ^ 1)
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
                                             k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
                                             v_smem.index(s))
@@ -95,26 +110,26 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _release(kv_empty, st):
-        # every warp of both consumer warpgroups has finished its wgmma reads of the
+    def _release(empty, st):
+        # every warp of the consumer partition has finished its wgmma reads of the
         # slot before one thread tells the producer it may overwrite it
         _sync_warps()
-        mbarrier.arrive(kv_empty.index(st), count=1)
+        mbarrier.arrive(empty.index(st), count=1)
 
     @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr,
+    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr,
                          lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr,
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                   o_row, n_blocks, qk_scale, False)
 
     @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr,
+    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr,
                             lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr,
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                   o_row, n_blocks, qk_scale, True)
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr,
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr, lse_ptr,
                   o_row, n_blocks, qk_scale, PIPELINE: gl.constexpr):
         BLOCK_M: gl.constexpr = q_smem.shape[0]
         D: gl.constexpr = q_smem.shape[1]
@@ -141,6 +156,7 @@ if GLUON_AVAILABLE:
             s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(0, deps=(s,))
+            _release(k_empty, 0)                 # K_0 is read: the producer may refill it
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
             for j in range(n_blocks - 1):
                 st = j % STAGES
@@ -156,9 +172,10 @@ if GLUON_AVAILABLE:
                 acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
                 # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
                 s = warpgroup_mma_wait(1, deps=(s_next,))
+                _release(k_empty, nst)           # K_{j+1} is read; V_j may still be in use
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-                _release(kv_empty, st)
+                _release(v_empty, st)
             last = n_blocks - 1
             st = last % STAGES
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -166,7 +183,7 @@ if GLUON_AVAILABLE:
             mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
             acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            _release(kv_empty, st)
+            _release(v_empty, st)
         else:
             # the serial FA2 order inside one warpgroup: matmul, softmax, matmul
             for j in range(n_blocks):
@@ -176,17 +193,19 @@ if GLUON_AVAILABLE:
                 s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s,))
+                _release(k_empty, st)
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
                 mbarrier.wait(v_ready.index(st), phase)
                 acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
-                _release(kv_empty, st)
+                _release(v_empty, st)
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.expand_dims(l_o, 1)
-        rows = o_row + gl.arange(0, BLOCK_M, layout=row_o)
+        # 64-bit row offsets: B * H * N * D passes 2**31 long before the row count does
+        rows = o_row.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         ptrs = o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0)
         gl.store(ptrs, out.to(o_ptr.dtype.element_ty))
@@ -213,17 +232,19 @@ if GLUON_AVAILABLE:
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
 
-        consumer_args = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr,
+        consumer_args = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, o_ptr,
                          lse_ptr, q_row, n_blocks, qk_scale)
         loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                       kv_empty, q_row, kv_row, n_blocks)
+                       k_empty, v_empty, q_row, kv_row, n_blocks)
         # the default partition (this kernel's 8 warps) consumes; one extra warp loads
         if PIPELINE:
             gl.warp_specialize([(_consumer_pipelined, consumer_args), (_loader, loader_args)],
@@ -236,7 +257,8 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_ready.index(i))
             mbarrier.invalidate(v_ready.index(i))
-            mbarrier.invalidate(kv_empty.index(i))
+            mbarrier.invalidate(k_empty.index(i))
+            mbarrier.invalidate(v_empty.index(i))
 
 
     # ------------------------------------------------------------------ ping-pong
@@ -246,23 +268,13 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _loader_pp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                   kv_empty, turn, q_row, kv_row, n_blocks):
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        STAGES: gl.constexpr = k_smem.shape[0]
+                   k_empty, v_empty, turn, q_row, kv_row, n_blocks):
         HALF: gl.constexpr = q_smem.shape[1]
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
         tma.async_copy_global_to_shared(q_desc, [q_row + HALF, 0], q_bar, q_smem.index(1))
-        for j in range(n_blocks):
-            s = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(kv_empty.index(s), phase ^ 1)
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
-                                            k_smem.index(s))
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
-                                            v_smem.index(s))
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, kv_row,
+                 n_blocks)
 
     @gluon.jit
     def _turn_wait(turn, k, C: gl.constexpr):
@@ -280,7 +292,7 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(turn.index(1 - C), count=1)
 
     @gluon.jit
-    def _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+    def _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                      lse_ptr, o_row, n_blocks, qk_scale, C: gl.constexpr):
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
@@ -307,6 +319,7 @@ if GLUON_AVAILABLE:
                           is_async=True)
         _turn_pass(turn, C)
         s = warpgroup_mma_wait(0, deps=(s,))
+        _release(k_empty, 0)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
         for j in range(n_blocks - 1):
             st = j % STAGES
@@ -321,9 +334,10 @@ if GLUON_AVAILABLE:
             acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
             _turn_pass(turn, C)
             s = warpgroup_mma_wait(1, deps=(s_next,))
+            _release(k_empty, nst)
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
             acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-            _release(kv_empty, st)
+            _release(v_empty, st)
         last = n_blocks - 1
         st = last % STAGES
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -333,11 +347,11 @@ if GLUON_AVAILABLE:
         acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
         _turn_pass(turn, C)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        _release(kv_empty, st)
+        _release(v_empty, st)
 
         out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
         base = o_row + C * BLOCK_M
-        rows = base + gl.arange(0, BLOCK_M, layout=row_o)
+        rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
                  out.to(o_ptr.dtype.element_ty))
@@ -345,15 +359,15 @@ if GLUON_AVAILABLE:
                  (m_i + gl.log2(l_i)) * 0.6931471805599453)
 
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                       lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+        _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                      lse_ptr, o_row, n_blocks, qk_scale, 0)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                       lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+        _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                      lse_ptr, o_row, n_blocks, qk_scale, 1)
 
     @gluon.jit
@@ -376,20 +390,22 @@ if GLUON_AVAILABLE:
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)        # both consumers release
+            mbarrier.init(k_empty.index(i), count=2)         # both consumers release
+            mbarrier.init(v_empty.index(i), count=2)
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
 
-        cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+        cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                  lse_ptr, q_row, n_blocks, qk_scale)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                 kv_empty, turn, q_row, kv_row, n_blocks)
+                 k_empty, v_empty, turn, q_row, kv_row, n_blocks)
         gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs), (_loader_pp, largs)],
                            [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -399,7 +415,8 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_ready.index(i))
             mbarrier.invalidate(v_ready.index(i))
-            mbarrier.invalidate(kv_empty.index(i))
+            mbarrier.invalidate(k_empty.index(i))
+            mbarrier.invalidate(v_empty.index(i))
 
 
 def attention_gluon(q, k, v, is_causal=False, scale=None, return_lse=False, *, stages=2,

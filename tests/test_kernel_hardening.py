@@ -19,6 +19,8 @@ from course_utils.triton_decode import decode_attention
 
 DEV = device.DEVICE
 BIG = 2 ** 31
+# float32 inputs: exact in the interpreter, TF32 tensor cores on a GPU (about 1e-3)
+TOL = 5e-3 if device.HAS_GPU else 1e-4
 
 
 def _rand(*shape, dtype=torch.float32, seed=0):
@@ -93,9 +95,9 @@ def test_rows_without_keys_are_zero_with_lse_minus_inf(nq, nk):
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     assert (o[:, :, :empty] == 0).all()
     assert torch.isneginf(lse[:, :, :empty]).all()
-    torch.testing.assert_close(o.double(), ref, atol=2e-3, rtol=2e-3)
-    torch.testing.assert_close(lse[:, :, empty:].double(), ref_lse[:, :, empty:], atol=1e-4,
-                               rtol=1e-4)
+    torch.testing.assert_close(o.double(), ref, atol=max(TOL, 2e-3), rtol=max(TOL, 2e-3))
+    torch.testing.assert_close(lse[:, :, empty:].double(), ref_lse[:, :, empty:], atol=TOL,
+                               rtol=TOL)
 
 
 def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():
@@ -106,9 +108,9 @@ def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():
     assert (o[0] == 0).all() and torch.isneginf(lse[0]).all()          # no key at all
     assert (o[1, :, 0] == 0).all() and torch.isneginf(lse[1, :, 0]).all()   # row 0 of 2
     torch.testing.assert_close(o[1, :, 1].float(), v[1, :, :1].repeat_interleave(2, 0)[:, 0],
-                               atol=1e-5, rtol=1e-5)
+                               atol=TOL, rtol=TOL)
     ref = decode_attention_reference(q[2:], k[2:], v[2:], lens[2:])
-    torch.testing.assert_close(o[2:].float(), ref.float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o[2:].float(), ref.float(), atol=TOL, rtol=TOL)
 
 
 # --------------------------------------------------------------- strided decode metadata
@@ -120,8 +122,8 @@ def test_decode_strided_seqlens_and_block_table():
     lens = table[:, 0]                                     # stride 2, not 1
     assert lens.stride(0) != 1
     o = decode_attention(q, k, v, lens)
-    torch.testing.assert_close(o, decode_attention_reference(q, k, v, lens), atol=1e-4,
-                               rtol=1e-4)
+    torch.testing.assert_close(o, decode_attention_reference(q, k, v, lens), atol=TOL,
+                               rtol=TOL)
     n_pages = b * lmax // page
     kp, vp = _rand(n_pages, hkv, page, d, seed=10), _rand(n_pages, hkv, page, d, seed=11)
     pages = torch.randperm(n_pages, generator=torch.Generator().manual_seed(0))
@@ -131,7 +133,7 @@ def test_decode_strided_seqlens_and_block_table():
     o = decode_attention(q, kp, vp, lens, block_table=bt)
     ref = decode_attention_reference(q, gather_paged_cache(kp, pages),
                                      gather_paged_cache(vp, pages), lens)
-    torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o, ref, atol=TOL, rtol=TOL)
 
 
 # --------------------------------------------------------------- autotune keys
@@ -166,7 +168,8 @@ def test_tile_ratio_gpu():
 
 # --------------------------------------------------------------- 64-bit offsets (GPU)
 def _rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm())
 
 
 def _sdpa(q, k, v, causal=False):

@@ -113,6 +113,11 @@ def _split_kv_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + b * skb + g * skh
     v_base = V + b * svb + g * svh
+    # inside a block, 32-bit offsets; the block's first key is a 64-bit scalar offset
+    # (a cache of 2**31 elements, or a packed K/V cache with a long row stride, passes
+    # the 32-bit range)
+    kt_off = tl.arange(0, BLOCK_N)[None, :] * skn + dcol[:, None] * skd       # (D, BLOCK_N)
+    v_off = tl.arange(0, BLOCK_N)[:, None] * svn + dcol[None, :] * svd        # (BLOCK_N, D)
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
@@ -124,7 +129,7 @@ def _split_kv_kernel(
             kt = tl.load(K + g * skh + (page * skb + slot * skn)[None, :] + dcol[:, None] * skd,
                          mask=col_ok[None, :], other=0.0)
         else:
-            kt = tl.load(k_base + cols[None, :].to(tl.int64) * skn + dcol[:, None] * skd,
+            kt = tl.load(k_base + tl.cast(start, tl.int64) * skn + kt_off,
                          mask=col_ok[None, :], other=0.0)                  # (D, BLOCK_N)
         s = tl.dot(q, kt) * qk_scale                                       # log2 units
         visible = col_ok[None, :]
@@ -140,7 +145,7 @@ def _split_kv_kernel(
             v = tl.load(V + g * svh + (page * svb + slot * svn)[:, None] + dcol[None, :] * svd,
                         mask=col_ok[:, None], other=0.0)
         else:
-            v = tl.load(v_base + cols[:, None].to(tl.int64) * svn + dcol[None, :] * svd,
+            v = tl.load(v_base + tl.cast(start, tl.int64) * svn + v_off,
                         mask=col_ok[:, None], other=0.0)                   # (BLOCK_N, D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new

@@ -122,8 +122,9 @@ def main(argv=None):
                         print(json.dumps(row), flush=True)
                 del q, k, v, ref
                 torch.cuda.empty_cache()
-    Path(args.out).write_text(json.dumps({"environment": common.environment(), "rows": rows},
-                                         indent=1) + "\n")
+    env = common.environment()
+    env["command"] = "python benchmarks/ablation_fwd.py " + " ".join(sys.argv[1:])
+    Path(args.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
     # best config per point and kernel
     print("\nbest per point:")
     pts = sorted({(r["d"], r["n"], r["causal"]) for r in rows})

@@ -135,7 +135,8 @@ def main(argv=None):
                     and "tflops" in r]
             if cand:
                 best = max(cand, key=lambda r: r["tflops"])
-                line += f"  {label}: {best['tflops']:.0f} ({best['config']}, x{best['x_cudnn']:.2f})"
+                line += (f"  {label}: {best['tflops']:.0f} ({best['config']}, "
+                         f"x{best['x_cudnn']:.2f})")
         r0 = next(r for r in rows if (r["d"], r["n"], r["causal"]) == p)
         line += f"  flash {r0['flash']:.0f} cudnn {r0['cudnn']:.0f}"
         print(line)

@@ -13,7 +13,13 @@ scale once (``qk_scale = scale * log2(e)``), so every exponential is an ``exp2``
 key loop is split in two: tiles that need no mask at all (every key visible to every
 row of the tile: "off-band") run without a single comparison; the few tiles that cut
 through the causal diagonal or the end of the sequence ("on-band") run with masks.
-It writes ``O`` and the natural-log ``lse`` of each row.
+It writes ``O`` and the natural-log ``lse`` of each row. The kernel also takes a
+diagonal offset (key ``j`` visible to query ``i`` when ``j <= i + DIAG``; 0 is SDPA's
+top-left mask, ``Nk - Nq`` the bottom-right one): a row that then sees no key at all gets
+``o = 0`` and ``lse = -inf``. Tile origins are 64-bit (``b``, ``h`` and the tile's first
+row times its stride), offsets inside a tile 32-bit, so tensors past 2**31 elements and
+views with long row strides (a packed QKV tensor) work. Causal query tiles start longest
+first. Autotuning is keyed by the next power of two of the lengths.
 
 Backward, three kernels (lesson 5's formulas, with ``P = exp2(qk_scale * S - lse * log2 e)``):
 

@@ -26,6 +26,9 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
   mbarriers ``turn[0]`` / ``turn[1]``, so one consumer's softmax overlaps the other's
   matmuls; each runs the pipelined loop. ``worker_num_regs`` gives each consumer
   ``consumer_regs`` registers and the producer ``loader_regs`` (``setmaxnreg``).
+* Both schedules are one kernel, :func:`_attn_fwd_gluon`: ``Q_TILES`` (1 or 2) sets how
+  many query tiles the loader fetches and how many consumers share the ring, and the
+  consumer's ``PINGPONG`` constexpr adds the turn barriers around its matmuls.
 
 Barrier phases: a slot is used for the ``j // STAGES``-th time at key block ``j``, so
 its barriers complete phase ``(j // STAGES) & 1``. The producer's first wait on an

@@ -41,6 +41,10 @@ def workloads():
         with torch.no_grad():
             triton_attention(q, k, v, enable_gqa=True)
 
+    def fwd_causal():
+        with torch.no_grad():
+            triton_attention(q, k, v, is_causal=True)
+
     def bwd():
         o = triton_attention(q, k, v, enable_gqa=True)
         torch.autograd.grad(o, (q, k, v), do)
@@ -50,7 +54,8 @@ def workloads():
         with torch.no_grad(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    work = {"lesson6_fwd": fwd, "lesson7_fwd_bwd": bwd, "sdpa_cudnn": cudnn}
+    work = {"lesson6_fwd": fwd, "lesson6_fwd_causal": fwd_causal, "lesson7_fwd_bwd": bwd,
+            "sdpa_cudnn": cudnn}
     try:
         from course_utils.hopper.gluon_fwd import attention_gluon
         qd, kd, vd = q.detach(), k.detach(), v.detach()

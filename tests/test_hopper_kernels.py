@@ -118,3 +118,26 @@ def test_bench_skips_off_hopper_and_ablation_maps_schedules(capsys):
     sims = {r["provider"]: r["sim_tflops"] for r in abl}
     assert sims["gluon_pingpong"] > sims["gluon_ws_serial"] and sims["sdpa_cudnn"] is None
     assert all(r.get("tflops") for r in abl), "every committed provider has a measurement"
+
+
+def test_table_suite_rows_are_consistent(capsys):
+    import json
+    from pathlib import Path
+    from course_utils.bench import table
+    if not device.HAS_GPU:
+        assert table.main([]) == 0
+        assert "needs a CUDA GPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        table.main(["--modes", "bwd"])
+    rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "nvidia-h100-80gb-hbm3"
+                      / "table.json").read_text())
+    assert rec["environment"]["command"].startswith("python -m course_utils.bench table")
+    for r in rec["rows"]:
+        names = table.FWD if r["mode"] == "fwd" else table.FWD_BWD
+        for name in names:
+            # every provider has a speed, or says why it has none
+            assert r.get(name) or r.get(f"{name}_skip") or r.get(f"{name}_error"), (r, name)
+            for base in ("flash", "cudnn"):
+                if name not in ("flash", "cudnn") and r.get(name) and r.get(base):
+                    assert r[f"{name}_x_{base}"] == pytest.approx(r[name] / r[base])
+        assert r["cudnn"] and r["flash"] and r["triton"]

@@ -44,7 +44,7 @@ def _dq_raw(block_m2, block_n2):
     lse, delta = torch.zeros(1, 1, 32), torch.zeros(1, 1, 32)
     st = (q.stride(0), q.stride(1), q.stride(2))
     ta._attn_bwd_dq_kernel[(1, 1)](q, q, q, q, lse, delta, torch.empty_like(q), *st * 5,
-                                   1, 1, 32, 32, 16, 1.0, 1.0, 32, 32, HEAD_DIM=16,
+                                   1, 1, 32, 32, 16, 1.0, 1.0, 0, 32, 32, HEAD_DIM=16,
                                    CAUSAL=True, PAD_D=False, UPCAST=False,
                                    BLOCK_M2=block_m2, BLOCK_N2=block_n2)
 
@@ -55,7 +55,7 @@ def _dkdv_raw(block_m1, block_n1):
     st = (q.stride(0), q.stride(1), q.stride(2))
     ta._attn_bwd_dkdv_kernel[(1, 1)](q, q, q, q, lse, delta, torch.empty_like(q),
                                      torch.empty_like(q), *st * 6, 1, 1, 1, 32, 32, 16, 1.0,
-                                     1.0, 32, 32, HEAD_DIM=16, CAUSAL=True, PAD_D=False,
+                                     1.0, 0, 32, 32, HEAD_DIM=16, CAUSAL=True, PAD_D=False,
                                      UPCAST=False, BLOCK_M1=block_m1, BLOCK_N1=block_n1)
 
 
@@ -88,8 +88,7 @@ def _masked_ref(q, k, v, diag):
 def test_rows_without_keys_are_zero_with_lse_minus_inf(nq, nk):
     q, k, v = _rand(1, 2, nq, 16, seed=1), _rand(1, 2, nk, 16, seed=2), _rand(1, 2, nk, 16, seed=3)
     diag = nk - nq                            # bottom-right: the first nq - nk rows see nothing
-    sh = ta._validate(q, k, v, True, None)
-    o, lse = ta._launch_fwd(q, k, v, sh, True, diag=diag)
+    o, lse = ta.triton_attention_forward(q, k, v, is_causal=True, alignment="causal_lower_right")
     ref, ref_lse = _masked_ref(q, k, v, diag)
     empty = max(0, nq - nk)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()

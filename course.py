@@ -117,16 +117,16 @@ def torch_steps(m: Machine, sets, *, spec: str | None = None, index: str | None 
     if not m.system.startswith("linux"):
         # PyPI's torch for macOS and Windows is the CPU build already.
         return [Step((torch,), f"{m.name}: {torch} from the public index (its CPU build)")]
-    public = Step((torch,), f"no NVIDIA GPU: {torch} from the public index; for Linux that is the "
-                            "CUDA build (several GB) with the Triton it pins")
+    public = Step((torch,), f"no NVIDIA GPU: {torch} from pip's own index; on PyPI that is the "
+                            "CUDA build for Linux (several GB), with the Triton it pins")
     if index == "pypi":
         return [public]
     url = index or CPU_INDEX
     if not index_reachable(url):
-        return [Step(public.args, f"{url} cannot be reached: falling back to the public index. "
-                                  f"{torch} there is the CUDA build (several GB) with the Triton "
-                                  "it pins; --torch-index URL (or COURSE_TORCH_INDEX) picks "
-                                  "another CPU-only index")]
+        return [Step(public.args, f"{url} cannot be reached: falling back to pip's own index, "
+                                  f"where {torch} for Linux is the CUDA build (several GB) with "
+                                  "the Triton it pins; --torch-index URL (or COURSE_TORCH_INDEX) "
+                                  "picks another CPU-only index")]
     return [Step((torch, "--index-url", url), f"no NVIDIA GPU: CPU-only {torch} from {url} "
                                               "(small, no CUDA libraries)", fallback=True),
             Step(public.args, f"{url} had no {torch} for this machine: falling back to the "

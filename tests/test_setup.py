@@ -1,5 +1,10 @@
 """The README's two commands: `python course.py lab` serves the course, and the
-set-up they share is idempotent."""
+set-up they share picks torch and Triton without conflicts on every platform.
+
+The install decisions are pure functions of the machine (platform, Python, GPU) and
+of whether an index can be reached, so they are tested here without any network."""
+import configparser
+import importlib.util
 import os
 import socket
 import subprocess
@@ -8,7 +13,190 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("course_script", ROOT / "course.py")
+course = importlib.util.module_from_spec(_spec)
+sys.modules["course_script"] = course  # dataclasses look their module up there
+_spec.loader.exec_module(course)
+SETS = course.tested_sets()
+CPU_TORCH, GPU_TORCH = f"torch=={SETS['cpu']['torch']}", f"torch=={SETS['gpu']['torch']}"
+PYTHONS = [(3, 10), (3, 11), (3, 12), (3, 13)]
+
+
+def linux(py=(3, 11), gpu=False):
+    return course.Machine("linux", py, gpu)
+
+
+def reachable(answer, calls=None):
+    def probe(url):
+        if calls is not None:
+            calls.append(url)
+        return answer
+    return probe
+
+
+# ------------------------------------------------------------------ the tested versions
+
+def test_tested_versions_file_has_both_sets():
+    cfg = configparser.ConfigParser()
+    assert cfg.read(ROOT / "course_utils" / "data" / "tested_versions.ini")
+    assert set(cfg.sections()) == {"cpu", "gpu"}
+    for name in ("cpu", "gpu"):
+        for key in ("python", "torch", "triton", "numpy", "machine"):
+            assert cfg[name].get(key), f"[{name}] has no {key}"
+        assert course.vtuple(cfg[name]["torch"]) >= (2, 4)
+    # the doctor reads the file the set-up installs from
+    from course_utils import doctor
+    assert doctor.TESTED_FILE == course.TESTED.resolve()
+    assert doctor.tested_versions() == SETS
+
+
+def test_missing_tested_file_names_the_fix(tmp_path):
+    with pytest.raises(course.SetupError, match="git checkout"):
+        course.tested_sets(tmp_path / "nope.ini")
+
+
+# ------------------------------------------------------------------ torch
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_linux_cpu_prefers_the_cpu_index_then_falls_back(py):
+    calls = []
+    steps = course.torch_steps(linux(py), SETS, index_reachable=reachable(True, calls))
+    assert calls == [course.CPU_INDEX]
+    assert [s.args for s in steps] == [(CPU_TORCH, "--index-url", course.CPU_INDEX), (CPU_TORCH,)]
+    assert steps[0].fallback and not steps[1].fallback
+    assert "CPU-only" in steps[0].why and "falling back" in steps[1].why
+    # no step pins a Triton next to torch: the torch chosen decides its own Triton
+    assert not any("triton" in a for s in steps for a in s.args)
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_linux_cpu_unreachable_index_goes_straight_to_the_public_index(py):
+    steps = course.torch_steps(linux(py), SETS, index_reachable=reachable(False))
+    assert [s.args for s in steps] == [(CPU_TORCH,)]
+    assert "cannot be reached" in steps[0].why and "--torch-index" in steps[0].why
+    assert "CUDA build" in steps[0].why  # the learner is told why the download is large
+
+
+def test_learner_chooses_the_index():
+    calls = []
+    url = "https://mirror.example/whl/cpu"
+    steps = course.torch_steps(linux(), SETS, index=url, index_reachable=reachable(True, calls))
+    assert calls == [url] and steps[0].args == (CPU_TORCH, "--index-url", url)
+    # "pypi" skips the CPU index without probing it
+    calls.clear()
+    steps = course.torch_steps(linux(), SETS, index="pypi", index_reachable=reachable(True, calls))
+    assert calls == [] and [s.args for s in steps] == [(CPU_TORCH,)]
+
+
+@pytest.mark.parametrize("py", PYTHONS)
+def test_gpu_machine_gets_the_tested_cuda_torch(py):
+    calls = []
+    steps = course.torch_steps(linux(py, gpu=True), SETS, index_reachable=reachable(True, calls))
+    assert calls == [] and [s.args for s in steps] == [(GPU_TORCH,)]
+    assert "NVIDIA GPU" in steps[0].why
+    url = "https://download.pytorch.org/whl/cu126"
+    steps = course.torch_steps(linux(py, gpu=True), SETS, index=url)
+    assert [s.args for s in steps] == [(GPU_TORCH, "--index-url", url)]
+
+
+@pytest.mark.parametrize("system", ["darwin", "win32"])
+@pytest.mark.parametrize("py", PYTHONS)
+def test_macos_and_windows_get_pypi_torch_and_no_triton(system, py):
+    m = course.Machine(system, py, False, "arm64")
+    calls = []
+    steps = course.torch_steps(m, SETS, index_reachable=reachable(True, calls))
+    assert calls == [] and [s.args for s in steps] == [(CPU_TORCH,)]
+    assert not m.triton_wheels
+    assert course.triton_steps(m, SETS, SETS["cpu"]["torch"], None) == []
+    assert course.numpy_step(m, None) is None
+
+
+def test_torch_spec_replaces_the_tested_version():
+    steps = course.torch_steps(linux(), SETS, spec="torch>=2.4", index_reachable=reachable(False))
+    assert [s.args for s in steps] == [("torch>=2.4",)]
+    steps = course.torch_steps(linux(gpu=True), SETS, spec="torch==2.9.1")
+    assert [s.args for s in steps] == [("torch==2.9.1",)]
+
+
+# ------------------------------------------------------------------ Triton and numpy
+
+def test_triton_is_added_only_when_torch_brings_none():
+    # a CUDA torch from the public index pins its own Triton: nothing is added
+    assert course.triton_steps(linux(), SETS, "2.13.0", "3.7.1") == []
+    # the CPU-only torch brings none: the tested Triton, then any Triton >= 3.7 that has a
+    # wheel for this Python (triton 3.9.0 has none for 3.10)
+    steps = course.triton_steps(linux((3, 10)), SETS, "2.13.0+cpu", None)
+    assert [s.args for s in steps] == [(f"triton=={SETS['cpu']['triton']}",), ("triton>=3.7",)]
+    assert steps[0].fallback and not steps[1].fallback
+    # the GPU set's torch without its Triton gets the GPU set's Triton
+    steps = course.triton_steps(linux(), SETS, SETS["gpu"]["torch"] + "+cpu", None)
+    assert steps[0].args == (f"triton=={SETS['gpu']['triton']}",)
+    # an untested torch gets the CPU set's Triton first
+    steps = course.triton_steps(linux(), SETS, "2.12.1", None)
+    assert steps[0].args == (f"triton=={SETS['cpu']['triton']}",)
+
+
+def test_numpy_rule_only_for_old_triton_in_the_interpreter():
+    step = course.numpy_step(linux(), "3.6.0")
+    assert step.args == ("numpy<2.4",)
+    assert course.numpy_step(linux(gpu=True), "3.6.0") is None  # compiled, no interpreter
+    for v in ("3.7.1", "3.9.0", None):
+        assert course.numpy_step(linux(), v) is None
+
+
+def test_tested_match():
+    assert course.tested_match(SETS, "2.13.0+cpu", SETS["cpu"]["triton"]) == "cpu"
+    assert course.tested_match(SETS, "2.11.0+cu130", SETS["gpu"]["triton"]) == "gpu"
+    assert course.tested_match(SETS, "2.13.0", "3.7.1") is None
+    assert course.tested_match(SETS, "2.13.0", None) == "cpu"  # no Triton on this platform
+
+
+# ------------------------------------------------------------------ running the steps
+
+def test_install_falls_back_and_failure_names_the_fix(monkeypatch, capsys):
+    ran = []
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd[-1] if cmd[-2] != "--index-url" else "cpu-index")
+        return subprocess.CompletedProcess(cmd, 0 if ran[-1] == CPU_TORCH else 1)
+
+    monkeypatch.setattr(course, "run", fake_run)
+    steps = course.torch_steps(linux(), SETS, index_reachable=reachable(True))
+    course._install(["pip"], steps, "torch", "the fix")
+    assert ran == ["cpu-index", CPU_TORCH]
+    out = capsys.readouterr().out
+    assert out.count("[course]") == 3 and "trying the next option" in out
+    ran.clear()
+    with pytest.raises(course.SetupError, match="installing triton failed .* Fix: do this"):
+        course._install(["pip"], [course.Step(("triton==9",), "why")], "triton", "do this")
+
+
+def test_index_probe_is_fast_and_offline(tmp_path):
+    assert course.index_reachable(str(tmp_path)) and course.index_reachable(tmp_path.as_uri())
+    assert not course.index_reachable((tmp_path / "missing").as_uri())
+    with socket.socket() as s:  # a port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.perf_counter()
+    assert not course.index_reachable(f"http://127.0.0.1:{port}/whl/cpu", timeout=2)
+    assert time.perf_counter() - t < 3
+
+
+def test_python_versions():
+    for v in PYTHONS:
+        course.check_python(v)
+    with pytest.raises(course.SetupError, match="3.10 or newer"):
+        course.check_python((3, 9))
+    course.check_python((3, 14))  # allowed, with a line saying it is untested
+
+
+def test_torch_index_option_needs_a_value():
+    r = subprocess.run([sys.executable, "course.py", "setup", "--torch-index"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "needs a URL" in r.stderr
 
 
 def free_port():

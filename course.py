@@ -259,7 +259,7 @@ def setup(here=False, index: str | None = None) -> Path:
     spec = os.environ.get("COURSE_TORCH_SPEC") or None
     py = env_python(here)
     stamp_src = b"".join((ROOT / f).read_bytes() for f in ("pyproject.toml", "course.py"))
-    stamp_src += TESTED.read_bytes() + f"{py}|{index}|{spec}".encode()
+    stamp_src += TESTED.read_bytes() + f"{py}|{ROOT}|{index}|{spec}".encode()
     stamp = hashlib.sha256(stamp_src).hexdigest()
     stamp_file = py.parent.parent / ".course-setup-stamp"
     m = this_machine()

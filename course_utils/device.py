@@ -172,16 +172,16 @@ def describe() -> dict:
 
 
 def lessons(has_triton: bool | None = None, kind: str | None = None) -> list[tuple[str, str]]:
-    """Which lessons this machine runs, as ``(lessons, how)`` pairs for the doctor."""
+    """Which lessons this machine runs, as ``("lessons 0-5", how)`` pairs for the doctor."""
     has_triton = HAS_TRITON if has_triton is None else has_triton
     kind = KIND if kind is None else kind
-    out = [("0-5", "yes (PyTorch on " + ("the GPU" if kind != "cpu" else "the CPU") + ")")]
+    out = [("lessons 0-5", "yes (PyTorch on " + ("the GPU" if kind != "cpu" else "the CPU") + ")")]
     if has_triton:
         how = "compiled for the GPU" if kind != "cpu" else "Triton's interpreter on the CPU, small sizes"
-        out.append(("6, 7, 9", f"yes ({how})"))
-        out.append(("8", "simulator and Triton parts yes; the Hopper kernels "
+        out.append(("lessons 6, 7, 9", f"yes ({how})"))
+        out.append(("lesson 8", "simulator and Triton parts yes; the Hopper kernels "
                          + ("yes" if kind == "hopper" else "need an sm90 GPU (H100)")))
     else:
-        out.append(("6, 7, 9", "no: Triton is not installed here (see below)"))
-        out.append(("8", "the simulator yes; its Triton cells no"))
+        out.append(("lessons 6, 7, 9", "no: Triton is not installed here (see below)"))
+        out.append(("lesson 8", "the simulator yes; its Triton cells no"))
     return out

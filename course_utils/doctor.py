@@ -185,7 +185,7 @@ def doctor(run_kernel: bool = True, file=None) -> bool:
             kernel_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             p("  test kernel   failed")
     for which, how in device.lessons():
-        p(f"  lessons {which}: {how}")
+        p(f"  {which}: {how}")
     findings = diagnose(versions, info["triton_interpret"], device.HAS_GPU, triton_first,
                         kernel_error, tested=tested)
     for f in findings:

@@ -100,12 +100,12 @@ def test_no_triton_needs_and_lessons():
     r = _without_triton("""
 from course_utils import device
 assert device.needs("triton") is False
-assert [w for w, _ in device.lessons()] == ["0-5", "6, 7, 9", "8"]
+assert [w for w, _ in device.lessons()] == ["lessons 0-5", "lessons 6, 7, 9", "lesson 8"]
 print(device.lessons())
 """, system="win32")
     assert r.returncode == 0, r.stderr
     assert "Skipped on this machine" in r.stdout and "Windows" in r.stdout
-    assert "'6, 7, 9', 'no:" in r.stdout and "the simulator yes" in r.stdout
+    assert "'lessons 6, 7, 9', 'no:" in r.stdout and "the simulator yes" in r.stdout
 
 
 def test_no_triton_on_linux_says_run_setup():
@@ -124,7 +124,7 @@ def test_triton_present_is_untouched():
     assert device.HAS_TRITON
     assert device.needs("triton", quiet=True)
     assert not any(type(f).__name__ == "_NoTriton" for f in sys.meta_path)
-    assert ("6, 7, 9", "yes (Triton's interpreter on the CPU, small sizes)") in \
+    assert ("lessons 6, 7, 9", "yes (Triton's interpreter on the CPU, small sizes)") in \
         device.lessons(True, "cpu")
-    assert device.lessons(True, "hopper")[2] == ("8", "simulator and Triton parts yes; "
+    assert device.lessons(True, "hopper")[2] == ("lesson 8", "simulator and Triton parts yes; "
                                                       "the Hopper kernels yes")

@@ -245,3 +245,25 @@ def test_lab_command_serves_the_course(tmp_path):
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ------------------------------------------------------------------ the container
+
+def test_container_runs_the_course_setup():
+    docker = (ROOT / "Dockerfile").read_text()
+    steps = [line for line in docker.splitlines() if line and not line.startswith("#")]
+    runs = [line for line in steps if line.startswith("RUN ")]
+    assert runs == ["RUN python course.py setup"]  # the set-up itself, not a copy of its steps
+    assert not any("pip install" in line for line in steps)
+    py = ".".join(SETS["cpu"]["python"].split(".")[:2])
+    assert steps[0] == f"FROM python:{py}-slim"  # the Python of the tested CPU set
+    assert 'CMD ["python", "course.py", "lab"' in docker
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored  # a host's (perhaps macOS) environment never enters the image
+    import json
+    text = (ROOT / ".devcontainer" / "devcontainer.json").read_text()
+    dev = json.loads("\n".join(line for line in text.splitlines()
+                               if not line.lstrip().startswith("//")))
+    assert dev["build"]["dockerfile"] == "../Dockerfile"
+    assert dev["postCreateCommand"] == "python course.py setup"
+    assert dev["workspaceFolder"] == "/course" and "target=/course" in dev["workspaceMount"]

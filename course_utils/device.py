@@ -35,25 +35,26 @@ __all__ = [
 PLATFORM_NAMES = {"darwin": "macOS", "win32": "Windows", "cygwin": "Windows"}
 
 
-def triton_missing_message(system: str = sys.platform) -> str:
+def triton_missing_message(system: str | None = None) -> str:
     """What a learner reads when Triton is missing: why, and where the Triton lessons run."""
+    system = system or sys.platform
     if system.startswith("linux"):
         return ("Triton is not installed in this environment. Fix: run `python course.py setup` "
                 "from the course folder, then restart the kernel.")
     name = PLATFORM_NAMES.get(system, system)
-    return (f"This needs Triton, which publishes no wheels for {name}. Lessons 0-5 and the "
-            "simulator of lesson 8 run here; the Triton cells of lessons 6, 7 and 9 and their "
-            "problem sets run on: a Linux machine (`python course.py lab`); WSL2 on Windows "
-            "(the same command inside Ubuntu); the course's container (`docker build -t "
-            "flash-course . && docker run -p 8888:8888 flash-course`, or \"Reopen in Container\" "
-            "in VS Code); or a hosted GPU notebook such as Colab or Kaggle (clone the course, "
-            "then `python course.py setup --here`).")
+    return (f"Triton publishes no wheels for {name}, so it is not installed. Lessons 0-5 and "
+            "the simulator of lesson 8 run here; the Triton cells of lessons 6, 7 and 9 and "
+            "their problem sets run on: a Linux machine (`python course.py lab`); WSL2 on "
+            "Windows (the same command inside Ubuntu); the course's container (`docker build "
+            "-t flash-course . && docker run -p 8888:8888 flash-course`, or \"Reopen in "
+            "Container\" in VS Code); or a hosted GPU notebook such as Colab or Kaggle (clone "
+            "the course, then `python course.py setup --here`).")
 
 
 class TritonUnavailable(ModuleNotFoundError):
     """``import triton`` where Triton is not installed; the message says where to go."""
 
-    def __init__(self, system: str = sys.platform):
+    def __init__(self, system: str | None = None):
         super().__init__(triton_missing_message(system), name="triton")
 
     def _render_traceback_(self):  # IPython shows these lines instead of a traceback
@@ -177,7 +178,8 @@ def lessons(has_triton: bool | None = None, kind: str | None = None) -> list[tup
     kind = KIND if kind is None else kind
     out = [("lessons 0-5", "yes (PyTorch on " + ("the GPU" if kind != "cpu" else "the CPU") + ")")]
     if has_triton:
-        how = "compiled for the GPU" if kind != "cpu" else "Triton's interpreter on the CPU, small sizes"
+        how = "compiled for the GPU" if kind != "cpu" else \
+            "Triton's interpreter on the CPU, small sizes"
         out.append(("lessons 6, 7, 9", f"yes ({how})"))
         out.append(("lesson 8", "simulator and Triton parts yes; the Hopper kernels "
                          + ("yes" if kind == "hopper" else "need an sm90 GPU (H100)")))

@@ -47,7 +47,7 @@ def _version(name):
 
 
 def tested_versions(path: Path = TESTED_FILE) -> dict[str, dict[str, str]]:
-    """The tested sets, e.g. ``{"cpu": {"torch": "2.13.0", "triton": "3.9.0", ...}, "gpu": ...}``."""
+    """The tested sets: ``{"cpu": {"torch": "2.13.0", "triton": "3.9.0", ...}, "gpu": {...}}``."""
     cfg = configparser.ConfigParser()
     if not cfg.read(path, encoding="utf-8"):
         return {}
@@ -81,10 +81,11 @@ def _vtuple(v: str | None):
 
 def diagnose(versions: dict, interpret: bool, has_gpu: bool, triton_first: bool = False,
              kernel_error: str | None = None, tested: dict | None = None,
-             system: str = sys.platform) -> list[Finding]:
+             system: str | None = None) -> list[Finding]:
     """Turn what is installed into findings. Pure, so each rule is testable.
     ``tested`` is :func:`tested_versions`'s dict (None: do not compare versions);
     ``system`` is ``sys.platform`` (Triton has wheels for Linux only)."""
+    system = system or sys.platform
     out = []
     tv, nv, torv = _vtuple(versions.get("triton")), _vtuple(versions.get("numpy")), \
         _vtuple(versions.get("torch"))
@@ -98,10 +99,11 @@ def diagnose(versions: dict, interpret: bool, has_gpu: bool, triton_first: bool 
     if tested and torv is not None and tested_set(versions, tested) is None:
         pair = f"torch {versions['torch']}" + (f" + triton {versions['triton']}" if tv else "")
         out.append(Finding(
-            "warn", f"{pair} is outside what the course was tested with ({_describe_sets(tested)}). "
+            "warn", f"{pair} is outside what the course was tested with "
+                    f"({_describe_sets(tested)}). "
                     "Most lessons still work; if a check fails for no reason you can see, "
-                    "install a tested set: `COURSE_TORCH_SPEC=torch==<version> python course.py "
-                    "setup` in a fresh clone."))
+                    "remove `.venv` and run `python course.py setup` again: it installs a "
+                    "tested set where it can and says why when it cannot."))
     if interpret and tv and nv and tv < (3, 7) and nv >= (2, 4):
         out.append(Finding(
             "error",

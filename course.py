@@ -225,7 +225,14 @@ def env_python(here: bool) -> Path:
     if not py.exists():
         system_site = _launcher_has_cuda_torch()
         say(f"creating {vdir}" + (" (reusing this Python's CUDA torch)" if system_site else ""))
-        venv.EnvBuilder(with_pip=True, system_site_packages=system_site).create(vdir)
+        try:
+            venv.EnvBuilder(with_pip=True, system_site_packages=system_site).create(vdir)
+        except (subprocess.CalledProcessError, OSError) as e:
+            shutil.rmtree(vdir, ignore_errors=True)
+            v = f"{sys.version_info[0]}.{sys.version_info[1]}"
+            raise SetupError(f"could not create {vdir} ({e}). Fix: on Debian or Ubuntu install "
+                             f"the venv module (`sudo apt install python{v}-venv`), or set up "
+                             "into an environment you made yourself with --here") from None
     return py
 
 

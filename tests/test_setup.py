@@ -125,10 +125,10 @@ def test_torch_spec_replaces_the_tested_version():
 
 def test_triton_is_added_only_when_torch_brings_none():
     # a CUDA torch from the public index pins its own Triton: nothing is added
-    assert course.triton_steps(linux(), SETS, "2.13.0", "3.7.1") == []
+    assert course.triton_steps(linux(), SETS, SETS["cpu"]["torch"], "3.7.1") == []
     # the CPU-only torch brings none: the tested Triton, then any Triton >= 3.7 that has a
     # wheel for this Python (triton 3.9.0 has none for 3.10)
-    steps = course.triton_steps(linux((3, 10)), SETS, "2.13.0+cpu", None)
+    steps = course.triton_steps(linux((3, 10)), SETS, SETS["cpu"]["torch"] + "+cpu", None)
     assert [s.args for s in steps] == [(f"triton=={SETS['cpu']['triton']}",), ("triton>=3.7",)]
     assert steps[0].fallback and not steps[1].fallback
     # the GPU set's torch without its Triton gets the GPU set's Triton
@@ -148,10 +148,13 @@ def test_numpy_rule_only_for_old_triton_in_the_interpreter():
 
 
 def test_tested_match():
-    assert course.tested_match(SETS, "2.13.0+cpu", SETS["cpu"]["triton"]) == "cpu"
-    assert course.tested_match(SETS, "2.11.0+cu130", SETS["gpu"]["triton"]) == "gpu"
-    assert course.tested_match(SETS, "2.13.0", "3.7.1") is None
-    assert course.tested_match(SETS, "2.13.0", None) == "cpu"  # no Triton on this platform
+    cpu, gpu = SETS["cpu"], SETS["gpu"]
+    assert course.tested_match(SETS, cpu["torch"] + "+cpu", cpu["triton"]) == "cpu"
+    assert course.tested_match(SETS, gpu["torch"] + "+cu130", gpu["triton"]) == "gpu"
+    assert course.tested_match(SETS, cpu["torch"], gpu["triton"]) is None
+    assert course.tested_match(SETS, cpu["torch"], "3.7.1") is None
+    assert course.tested_match(SETS, "2.12.0", cpu["triton"]) is None
+    assert course.tested_match(SETS, cpu["torch"], None) == "cpu"  # no Triton on this platform
 
 
 # ------------------------------------------------------------------ running the steps
@@ -267,3 +270,15 @@ def test_container_runs_the_course_setup():
     assert dev["build"]["dockerfile"] == "../Dockerfile"
     assert dev["postCreateCommand"] == "python course.py setup"
     assert dev["workspaceFolder"] == "/course" and "target=/course" in dev["workspaceMount"]
+
+
+def test_venv_failure_names_the_fix(monkeypatch, tmp_path):
+    def no_ensurepip(self, env_dir):
+        raise subprocess.CalledProcessError(1, ["python", "-m", "ensurepip"])
+
+    monkeypatch.setattr(course.venv.EnvBuilder, "create", no_ensurepip)
+    monkeypatch.setattr(course, "_launcher_has_cuda_torch", lambda: False)
+    monkeypatch.setenv("COURSE_VENV", str(tmp_path / "env"))
+    with pytest.raises(course.SetupError, match=r"apt install python3\.\d+-venv"):
+        course.env_python(here=False)
+    assert not (tmp_path / "env").exists()  # nothing half-made is left behind

@@ -184,6 +184,6 @@ def lessons(has_triton: bool | None = None, kind: str | None = None) -> list[tup
         out.append(("lesson 8", "simulator and Triton parts yes; the Hopper kernels "
                          + ("yes" if kind == "hopper" else "need an sm90 GPU (H100)")))
     else:
-        out.append(("lessons 6, 7, 9", "no: Triton is not installed here (see below)"))
+        out.append(("lessons 6, 7, 9", "no (Triton is not installed here; see below)"))
         out.append(("lesson 8", "the simulator yes; its Triton cells no"))
     return out

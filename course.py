@@ -301,10 +301,11 @@ def setup(here=False, index: str | None = None) -> Path:
                  "pip install 'triton>=3.7' into the environment by hand, or use the container")
         triton_v = _version_of(py, "triton")
 
+    _install(pip, [Step(("-e", f"{ROOT}[test]"), "installing the course and its test tools")],
+             "the course", "check the network and run `python course.py setup` again")
     step = numpy_step(m, triton_v)
-    _install(pip, [Step(("-e", f"{ROOT}[test]"), "installing the course and its test tools")]
-             + ([step] if step else []), "the course",
-             "check the network and run `python course.py setup` again")
+    if step:
+        _install(pip, [step], "numpy", "pip install 'numpy<2.4' into the environment by hand")
 
     match = tested_match(sets, torch_v, triton_v)
     numpy_v = _version_of(py, "numpy")

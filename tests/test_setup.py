@@ -282,3 +282,54 @@ def test_venv_failure_names_the_fix(monkeypatch, tmp_path):
     with pytest.raises(course.SetupError, match=r"apt install python3\.\d+-venv"):
         course.env_python(here=False)
     assert not (tmp_path / "env").exists()  # nothing half-made is left behind
+
+
+@pytest.mark.parametrize("case", ["cpu_index", "cuda_torch_pins_old_triton", "macos", "kept"])
+def test_setup_runs_the_steps_in_order(case, monkeypatch, tmp_path, capsys):
+    """The whole set-up with pip replaced: which installs run, in which order."""
+    py = tmp_path / "env" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    system = "darwin" if case == "macos" else "linux"
+    installed = {"torch": "2.13.0+cpu", "triton": "3.9.0"} if case == "kept" else {}
+    pips = []
+
+    def fake_run(cmd, **kw):
+        args = tuple(str(c) for c in cmd[5:])  # after `python -m pip install --disable-...`
+        pips.append(args)
+        if args[0].startswith("torch") and case == "cuda_torch_pins_old_triton":
+            installed.update(torch="2.11.0", triton="3.6.0")
+        elif args[0].startswith("torch"):
+            installed["torch"] = "2.13.0+cpu"  # the CPU-only build brings no Triton
+        elif args[0].startswith("triton"):
+            installed["triton"] = args[0].split("==")[1]
+        elif args[0] == "-e":
+            installed["numpy"] = "2.4.6"
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(course, "env_python", lambda here: py)
+    monkeypatch.setattr(course, "this_machine", lambda: course.Machine(system, (3, 12), False))
+    monkeypatch.setattr(course, "index_reachable", lambda url, timeout=5.0: True)
+    monkeypatch.setattr(course, "_version_of", lambda p, module: installed.get(module))
+    monkeypatch.setattr(course, "run", fake_run)
+    monkeypatch.delenv("COURSE_TORCH_INDEX", raising=False)
+    if case == "cuda_torch_pins_old_triton":
+        monkeypatch.setenv("COURSE_TORCH_SPEC", "torch==2.11.0")
+    else:
+        monkeypatch.delenv("COURSE_TORCH_SPEC", raising=False)
+    course.setup()
+    firsts = [a[0] for a in pips]
+    expected = {
+        "cpu_index": [CPU_TORCH, f"triton=={SETS['cpu']['triton']}", "-e"],
+        "cuda_torch_pins_old_triton": ["torch==2.11.0", "-e", "numpy<2.4"],
+        "macos": [CPU_TORCH, "-e"],
+        "kept": ["-e"],
+    }[case]
+    assert firsts == expected
+    if case == "cpu_index":
+        assert pips[0] == (CPU_TORCH, "--index-url", course.CPU_INDEX)
+    out = capsys.readouterr().out
+    if case == "macos":
+        assert "Triton publishes no wheels" in out and "WSL2" in out
+    if case == "kept":
+        assert "keeping it" in out and "the tested [cpu] set" in out
+    assert (tmp_path / "env" / ".course-setup-stamp").exists()

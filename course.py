@@ -129,8 +129,9 @@ def torch_steps(m: Machine, sets, *, spec: str | None = None, index: str | None 
                                   "picks another CPU-only index")]
     return [Step((torch, "--index-url", url), f"no NVIDIA GPU: CPU-only {torch} from {url} "
                                               "(small, no CUDA libraries)", fallback=True),
-            Step(public.args, f"{url} had no {torch} for this machine: falling back to the "
-                              "public index (the CUDA build, several GB, with the Triton it pins)")]
+            Step(public.args, f"{url} had no {torch} for this machine: falling back to pip's "
+                              "own index (on PyPI the CUDA build, several GB, with the Triton "
+                              "it pins)")]
 
 
 def triton_steps(m: Machine, sets, torch_version: str | None,

@@ -42,7 +42,13 @@ SOURCED = {
     ("*", "80 GB"): "NVIDIA H100 data sheet: memory capacity",
     ("*", "295 FLOP/B"): "arithmetic on the data sheet: 989 TFLOPS / 3.35 TB/s",
     ("*", "295 FLOP/byte"): "arithmetic on the data sheet: 989 TFLOPS / 3.35 TB/s",
+    ("03", "50 MB"): "NVIDIA H100 architecture whitepaper: L2 cache of the H100 SXM5",
     ("04", "34 GB"): "arithmetic: one (B, H, N, N) fp16 score tensor at the lesson's sizes",
+    # the A100 figures the FlashAttention paper (Dao et al., 2022, section 2.1) works with
+    ("04", "40 GB"): "FlashAttention paper, section 2.1: A100 HBM capacity (40 GB model)",
+    ("04", "1.5 TB/s"): "FlashAttention paper, section 2.1: A100 HBM bandwidth",
+    ("04", "20 MB"): "FlashAttention paper, section 2.1: A100 on-chip SRAM, 192 KB on each of 108 SMs",
+    ("04", "19 TB/s"): "FlashAttention paper, section 2.1: estimated A100 SRAM bandwidth",
     ("07", "2.5×"): "FLOP-count convention: the backward counted as 2.5 forwards",
     ("07", "3.5×"): "FLOP-count convention: forward + backward = 3.5 forwards",
     ("08", "3.9 TFLOPS"): "FlashAttention-3 paper: H100 special-function (exp) throughput",

@@ -399,3 +399,35 @@ def test_whitespace_forms_of_operands():
     r = run("LOAD\ta[ 0 ][0] R0\nLOAD b[0][0],R1\nMAC_Z R0 R1,R2\nSTORE R2,c[0][0]  // stored")
     assert r.dram["c[0][0]"] == 5.0 and r.steps[-1].value == 5.0 and r.steps[0].value == 1.0
     assert r.steps[-1].comment == "stored"
+
+
+def test_one_table_defines_every_instruction():
+    from course_utils.machine import INSTRUCTIONS, ISAS, _SYNTAX, instruction_table
+    for machine, ops in ISAS.items():
+        for op, kinds in ops.items():
+            ins = INSTRUCTIONS[op]
+            assert machine in ins.machines and ins.operands == kinds
+            assert _SYNTAX[op].startswith(op) and ins.effect in _SYNTAX[op]
+            if op not in ("LOAD", "STORE"):
+                reads = kinds.count("r")
+                assert ins.compute(*([2.0] * reads)) is not None
+                assert isinstance(ins.label(*(["x"] * reads)), str)
+        assert instruction_table(machine).count("\n") == len(ops) + 1
+    # every instruction the table lists runs on its machine and does what it says
+    x = [0.5, 2.0]
+    for op, want in (("MAX", 2.0), ("SUB", -1.5), ("ADD", 2.5), ("MUL", 1.0), ("DIV", 0.25)):
+        r = run_trace(f"LOAD x[0], R0\nLOAD x[1], R1\n{op} R0, R1, R2\nSTORE R2, out[0]",
+                      softmax_dram(x), registers=3, isa="softmax")
+        assert r.dram["out[0]"] == want, op
+    with pytest.raises(ValueError, match="machine"):
+        instruction_table("gpu")
+
+
+def test_split_modules_keep_the_public_names():
+    import course_utils.machine as m
+    from course_utils.machine import checks, interpreter, schedules, traces
+    assert m.run_trace is interpreter.run_trace and m.check_trace is checks.check_trace
+    assert m.matmul_schedule is schedules.matmul_schedule
+    assert m.online_softmax_trace is traces.online_softmax_trace
+    for name in m.__all__:
+        assert hasattr(m, name), name

@@ -28,6 +28,7 @@ class Problem:
     note: str = ""
     reads_per_n: int = 0        # softmax: reads = reads_per_n * n
     step_instructions: int = 0  # softmax online: instructions per steady-state step
+    n: int = 2                  # matmul: the matrices are n x n
 
 
 PROBLEMS = {
@@ -97,21 +98,26 @@ def _expected_c(i, j, n):
 
 def _matmul_trial(trace, prob, seed):
     rng = random.Random(seed)
-    A = [[round(rng.uniform(-3, 3), 3) for _ in range(2)] for _ in range(2)]
-    B = [[round(rng.uniform(-3, 3), 3) for _ in range(2)] for _ in range(2)]
+    n = prob.n
+    A = [[round(rng.uniform(-3, 3), 3) for _ in range(n)] for _ in range(n)]
+    B = [[round(rng.uniform(-3, 3), 3) for _ in range(n)] for _ in range(n)]
     res = run_trace(trace, matmul_dram(A, B), registers=prob.registers, isa="matmul")
+    for addr, value in res.initial_dram.items():
+        if value is not None and res.dram[addr] != value:
+            raise CheckFailed(f"{prob.title}: your trace overwrote the input {addr}; STORE writes "
+                              "only the outputs c[i][j]")
     for cell in prob.outputs:
         i, j = map(int, re.findall(r"\d+", cell))
-        want = sum(A[i][k] * B[k][j] for k in range(2))
+        want = sum(A[i][k] * B[k][j] for k in range(n))
         got = res.dram[cell]
         if got is None:
             raise CheckFailed(f"{prob.title}: your trace never stores {cell}; "
-                              f"it should hold {_expected_c(i, j, 2)}\n  hint: end with STORE Rs, {cell}")
+                              f"it should hold {_expected_c(i, j, n)}\n  hint: end with STORE Rs, {cell}")
         if abs(got - want) > 1e-9 * max(1.0, abs(want)):
             raise CheckFailed(
                 f"{prob.title}: {cell} is {got:.6g}, expected {want:.6g}\n"
                 f"  your trace stored {res.dram_labels[cell]}\n"
-                f"  expected           {_expected_c(i, j, 2)}\n"
+                f"  expected           {_expected_c(i, j, n)}\n"
                 "  hint: check which registers the MACs read; MAC_Z starts a sum, MAC adds to one")
     return res
 
@@ -123,7 +129,8 @@ def _softmax_reference(x):
     return [v / s for v in e]
 
 
-def check_trace(problem: str, trace, quiet: bool = False) -> TraceResult:
+def check_trace(problem, trace, quiet: bool = False, *, sizes=(1, 2, 3, 6),
+                scale: float = 1.0) -> TraceResult:
     """Check a learner's answer to ``problem`` (a key of :data:`PROBLEMS`).
 
     Matmul problems take the trace text. Softmax problems take a function
@@ -131,10 +138,17 @@ def check_trace(problem: str, trace, quiet: bool = False) -> TraceResult:
     learner's step, see :func:`online_softmax_trace`). The trace is run on
     random inputs; the check fails, saying what is off, if the result is
     wrong, the trace is illegal, or the cost is above the best known cost.
+
+    ``problem`` may also be a :class:`Problem` (a variant: other outputs, registers or n).
+    Softmax problems run for every n in ``sizes``, on inputs spread over
+    ``[-4 scale, 4 scale]``.
     """
-    if problem not in PROBLEMS:
-        raise ValueError(f"problem: expected one of {sorted(PROBLEMS)}, got {problem!r}")
-    prob = PROBLEMS[problem]
+    if isinstance(problem, Problem):
+        prob = problem
+    elif problem in PROBLEMS:
+        prob = PROBLEMS[problem]
+    else:
+        raise ValueError(f"problem: expected one of {sorted(PROBLEMS)} or a Problem, got {problem!r}")
     try:
         if prob.isa == "matmul":
             if not isinstance(trace, (str, list, tuple)):
@@ -144,7 +158,7 @@ def check_trace(problem: str, trace, quiet: bool = False) -> TraceResult:
             if not callable(trace):
                 raise TypeError("trace: expected a function n -> trace text for the softmax "
                                 f"problems, got {type(trace).__name__}")
-            res = _check_softmax(prob, trace)
+            res = _check_softmax(prob, trace, sizes, scale)
     except TraceError as e:
         raise CheckFailed(f"{prob.title}: the machine rejects your trace: {e}\n"
                           f"  hint: this machine has R0..R{prob.registers - 1}; "
@@ -178,17 +192,19 @@ def _check_matmul(prob: Problem, trace) -> TraceResult:
             "\n  hint: a value already in a register can be used again without a LOAD")
     if res.cycles < prob.cycles:
         print(f"note: {res.cycles} cycles beats the {prob.cycles} of the plan in the text "
-              f"({prob.note}); the lower bound for a 2x2 matmul is 20 (8 LOAD + 8 MAC + 4 STORE)")
+              f"({prob.note}); the lower bound for a {prob.n}x{prob.n} matmul is "
+              f"{2 * prob.n ** 2 + prob.n ** 3 + prob.n ** 2} ({2 * prob.n ** 2} LOAD + "
+              f"{prob.n ** 3} MAC + {prob.n ** 2} STORE)")
     return res
 
 
-def _check_softmax(prob: Problem, fn) -> TraceResult:
+def _check_softmax(prob: Problem, fn, sizes=(1, 2, 3, 6), scale=1.0) -> TraceResult:
     res = None
-    for n in (1, 2, 3, 6):
+    for n in sizes:
         rng = random.Random(100 + n)
-        x = [round(rng.uniform(-4, 4), 3) for _ in range(n)]
+        x = [round(rng.uniform(-4, 4) * scale, 3) for _ in range(n)]
         if n >= 3:
-            x[1] = max(x) + 2.5  # the max moves after the first element
+            x[1] = max(x) + 2.5 * scale  # the max moves after the first element
         text = fn(n)
         if not isinstance(text, str):
             raise TypeError(f"your function returned {type(text).__name__}; expected the trace text")

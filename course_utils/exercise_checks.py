@@ -172,13 +172,16 @@ class _NoCopyOut(TorchFunctionMode):
 
 def _from_grader() -> bool:
     """True when the op comes from the grader's recorder (it copies a call's arguments
-    before and after the call), not from the answer."""
+    before and after the call), not from the answer: the first frame outside torch and
+    this module decides."""
     f = sys._getframe(2)
-    for _ in range(40):
+    for _ in range(60):
         if f is None:
             return False
-        if str(f.f_globals.get("__name__", "")).startswith("course_utils.grading"):
-            return True
+        mod = str(f.f_globals.get("__name__", ""))
+        if not (mod == "torch" or mod.startswith("torch.") or mod == __name__
+                or mod == "contextlib"):
+            return mod.startswith("course_utils.grading")
         f = f.f_back
     return False
 

@@ -180,7 +180,7 @@ def _from_grader() -> bool:
             return False
         mod = str(f.f_globals.get("__name__", ""))
         if not (mod == "torch" or mod.startswith("torch.") or mod == __name__
-                or mod == "contextlib"):
+                or mod in ("contextlib", "course_utils.guards")):
             return mod.startswith("course_utils.grading")
         f = f.f_back
     return False

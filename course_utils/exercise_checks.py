@@ -349,9 +349,14 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         atol = 2e-4 if dtype == torch.float32 else (1e-9 if dtype == torch.float64 else 6e-3)
     if rtol is None:
         rtol = atol
-    check_close(out.double(), want, atol=atol, rtol=rtol, name=label, quiet=True,
-                hint="compare one row by hand: is the output divided by l once, at the end? "
-                     "are l and acc both rescaled when the max grows?")
+    if is_causal:
+        hint = ("only with the mask wrong? A key tile may be skipped only when its first key "
+                "comes after the query tile's LAST row (j0 > i0 + rows - 1); inside a tile "
+                "compare absolute positions i0 + r and j0 + c, not r and c")
+    else:
+        hint = ("is the output divided by l once, at the end? are l and acc both rescaled by "
+                "exp(m_old - m_new) when the max grows?")
+    check_close(out.double(), want, atol=atol, rtol=rtol, name=label, quiet=True, hint=hint)
     if not quiet:
         print(f"ok: {label}")
     return out

@@ -416,10 +416,11 @@ WRONG = {
                     "    total = states[0]\n    for s in states[1:]:\n"
                     "        total = merge_states(total, s)\n    return total.acc / total.l[:, None]",
                     "cover every key once"),
-    ("03", "3.4"): ("N, d, Br, Bc = 4096, 64, 128, 128\nTr, Tc = N // Br, N // Bc\n"
-                    "fa2_kv_reads = 2 * N * d\nfa1_kv_reads = 2 * N * d\nfa1_o_traffic = 2 * Tc * N * d",
+    ("03", "3.4"): ("def hbm_traffic(N, d, Br, Bc):\n    tc = -(-N // Bc)\n"
+                    "    return 2 * N * d, 2 * N * d, 2 * tc * N * d",
                     "every one of the Tr query tiles"),
-    ("03", "3.5"): ("fa2_intensity = 4 * N * N * d / (N * d + 2 * Tr * N * d + N * d)", "bytes"),
+    ("03", "3.5"): ("def fa2_intensity(N, d, Br, Bc, nbytes):\n    tr = -(-N // Br)\n"
+                    "    return 4 * N * N * d / (N * d + 2 * tr * N * d + N * d)", "bytes"),
     ("03", "3.6"): ('orders = {"o_written_once": "fa1", "kv_loaded_once": "fa2", "lm_in_hbm": "fa1",'
                     ' "intensity_grows_with_Br": "fa2"}', "stays in SRAM"),
     ("04", "4.1"): ("def my_block_sizes(M, d):\n    bc = -(-M // (4 * d))\n    return min(bc, d), bc",
@@ -427,15 +428,16 @@ WRONG = {
     ("04", "4.2"): ("def tile_visible(i0, j0, rows, cols):\n"
                     "    return torch.arange(cols)[None, :] <= torch.arange(rows)[:, None]",
                     "absolute positions"),
-    ("04", "4.3"): ("def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):\n"
+    ("04", "4.3"): ("from course_utils.attention import fa2_variant\n"
+                    "def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):\n"
                     "    return fa2_variant(q, k, v, Br=Br, Bc=Bc, rescale=False)",
-                    "exp(m_old - m_new)"),
-    ("04", "4.4"): ('predicted_tile = {"fp16": 2, "fp32": 22}', "j // 10"),
+                    "course_utils.attention"),
+    ("04", "4.4"): ('predicted_tile = {"fp16": 2, "fp32": 22}\npredicted_output = "nan"', "j // 12"),
     ("04", "4.5"): ('prediction_4_5 = "finite_but_wrong"\nk_special = torch.ones(1, 1, 32, 4)',
                     "two different key rows"),
-    ("04", "4.6"): ("def decode_step(q_new, k_cache, v_cache):\n"
+    ("04", "4.6"): ("import torch.nn.functional as F\ndef decode_step(q_new, k_cache, v_cache):\n"
                     "    return F.scaled_dot_product_attention(q_new, k_cache, v_cache, is_causal=True,"
-                    " enable_gqa=True)", "top-left mask"),
+                    " enable_gqa=True)", "scaled_dot_product_attention"),
 }
 
 

@@ -345,57 +345,70 @@ def test_plots_return_figures():
 
 
 # ------------------------------------------------------------------ problem-set checks
+# (problem set 1's checks are graded against wrong answers in tests/wrong_answers/01_register_machine.py)
 
-def _problem_set(name):
-    import nbformat
-    from pathlib import Path
-    nb = nbformat.read(Path(__file__).resolve().parent.parent / "solutions" / name, as_version=4)
-    setup = next(c.source for c in nb.cells if c.cell_type == "code")
-    checks = {c.metadata["course"]["exercise"]: c.source for c in nb.cells
-              if c.get("metadata", {}).get("course", {}).get("role") == "check"}
-    return setup, checks
-
-
-def _run_check(setup, check, answers):
-    ns = {}
-    exec(setup, ns)
-    ns.update(answers)
-    exec(check, ns)
-
-
-WRONG_SET_1 = {
-    "1.1": {"trace_c00": P1.replace("MAC R0, R1, R2, R2", "MAC_Z R0, R1, R2")},
-    "1.2": {"trace_full": NAIVE_2X2},
-    "1.3": {"trace_outer": QUIZ},
-    "1.4": {"trace_inner6": QUIZ, "inner6_cycles": 22},
-    "1.5": {"min_registers": 2, "with_accumulator_in_unit": 2},
-    "1.6": {"no_reuse_trace": lambda n: matmul_schedule(n, 3).trace},
-}
+def test_check_trace_takes_a_variant_problem():
+    from course_utils.machine import Problem
+    prob = Problem("v", "c[1][0] with 3 registers", "matmul", 3, 7, 4, 1, "inner", ("c[1][0]",))
+    good = P1.replace("a[0][", "a[1][").replace("c[0][0]", "c[1][0]")
+    assert check_trace(prob, good, quiet=True).cycles == 7
+    with pytest.raises(CheckFailed, match="never stores c.1..0."):
+        check_trace(prob, P1, quiet=True)
+    overwrite = good + "\nSTORE R2, a[0][0]"
+    with pytest.raises(CheckFailed, match="overwrote the input a.0..0."):
+        check_trace(prob, overwrite, quiet=True)
+    n3 = Problem("n3", "3x3 inner", "matmul", 3, 3 * 27 + 9, 54, 9, "inner",
+                 tuple(f"c[{i}][{j}]" for i in range(3) for j in range(3)), n=3)
+    naive = "\n".join(f"LOAD a[{i}][{k}], R0\nLOAD b[{k}][{j}], R1\n"
+                      + ("MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2")
+                      + ("" if k < 2 else f"\nSTORE R2, c[{i}][{j}]")
+                      for i in range(3) for j in range(3) for k in range(3))
+    assert check_trace(n3, naive, quiet=True).counts["LOAD"] == 54
+    with pytest.raises(ValueError, match="Problem"):
+        check_trace("nope", P1)
 
 
-@pytest.mark.parametrize("ex", sorted(WRONG_SET_1))
-def test_problem_set_1_checks_reject_wrong_answers(ex):
-    setup, checks = _problem_set("01_register_machine.ipynb")
-    assert set(checks) == set(WRONG_SET_1)
-    with pytest.raises(CheckFailed) as e:
-        _run_check(setup, checks[ex], WRONG_SET_1[ex])
-    assert len(str(e.value)) > 30
-
-
-def test_problem_set_1_checks_pass_the_solutions():
-    setup, checks = _problem_set("01_register_machine.ipynb")
-    right = {"trace_c00": P1, "trace_full": P2, "trace_outer": P3, "trace_inner6": QUIZ,
-             "inner6_cycles": 20, "min_registers": 3, "with_accumulator_in_unit": 2,
-             "no_reuse_trace": lambda n: NAIVE_2X2 if n == 2 else "\n".join(
-                 f"LOAD a[{i}][{k}], R0\nLOAD b[{k}][{j}], R1\n"
-                 + ("MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2")
-                 + ("" if k < n - 1 else f"\nSTORE R2, c[{i}][{j}]")
-                 for i in range(n) for j in range(n) for k in range(n))}
-    for ex, src in checks.items():
-        _run_check(setup, src, right)
+def test_softmax_check_sizes_and_scale():
+    # without the max the exponentials overflow once the inputs pass 709
+    no_max = lambda n: naive_softmax_trace(n).replace("R1", "R2")  # noqa: E731
+    check_trace("4", safe_softmax_trace, quiet=True, sizes=(9,), scale=300.0)
+    with pytest.raises(CheckFailed):
+        check_trace("4", no_max, quiet=True, sizes=(9,), scale=300.0)
 
 
 def test_whitespace_forms_of_operands():
     r = run("LOAD\ta[ 0 ][0] R0\nLOAD b[0][0],R1\nMAC_Z R0 R1,R2\nSTORE R2,c[0][0]  // stored")
     assert r.dram["c[0][0]"] == 5.0 and r.steps[-1].value == 5.0 and r.steps[0].value == 1.0
     assert r.steps[-1].comment == "stored"
+
+
+def test_one_table_defines_every_instruction():
+    from course_utils.machine import INSTRUCTIONS, ISAS, _SYNTAX, instruction_table
+    for machine, ops in ISAS.items():
+        for op, kinds in ops.items():
+            ins = INSTRUCTIONS[op]
+            assert machine in ins.machines and ins.operands == kinds
+            assert _SYNTAX[op].startswith(op) and ins.effect in _SYNTAX[op]
+            if op not in ("LOAD", "STORE"):
+                reads = kinds.count("r")
+                assert ins.compute(*([2.0] * reads)) is not None
+                assert isinstance(ins.label(*(["x"] * reads)), str)
+        assert instruction_table(machine).count("\n") == len(ops) + 1
+    # every instruction the table lists runs on its machine and does what it says
+    x = [0.5, 2.0]
+    for op, want in (("MAX", 2.0), ("SUB", -1.5), ("ADD", 2.5), ("MUL", 1.0), ("DIV", 0.25)):
+        r = run_trace(f"LOAD x[0], R0\nLOAD x[1], R1\n{op} R0, R1, R2\nSTORE R2, out[0]",
+                      softmax_dram(x), registers=3, isa="softmax")
+        assert r.dram["out[0]"] == want, op
+    with pytest.raises(ValueError, match="machine"):
+        instruction_table("gpu")
+
+
+def test_split_modules_keep_the_public_names():
+    import course_utils.machine as m
+    from course_utils.machine import checks, interpreter, schedules, traces
+    assert m.run_trace is interpreter.run_trace and m.check_trace is checks.check_trace
+    assert m.matmul_schedule is schedules.matmul_schedule
+    assert m.online_softmax_trace is traces.online_softmax_trace
+    for name in m.__all__:
+        assert hasattr(m, name), name

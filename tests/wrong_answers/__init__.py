@@ -109,7 +109,9 @@ def _check_calls(src: str, hidden: bool) -> int:
         if isinstance(node, ast.Call):
             f = node.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-            if name.startswith("check_") or name in ("run_answer", "one_pass", "check_source"):
+            # expect_*: a check cell's own helper that runs the answer and checks it
+            if name.startswith(("check_", "expect_")) or name in ("run_answer", "one_pass",
+                                                                  "check_source"):
                 n += 1
     return n
 

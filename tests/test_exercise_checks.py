@@ -1,0 +1,122 @@
+"""The shared checks of problem sets 0-4: each fails on the wrong answer it exists for."""
+import math
+
+import pytest
+import torch
+
+from course_utils.checks import CheckFailed
+from course_utils.exercise_checks import (check_attention_case, check_fa1_walk, check_sealed,
+                                          fa1_walk_reference, flop_budget, run_one_pass, seal)
+from course_utils.guards import ForbiddenCall
+
+
+def test_sealed_values_are_checked_without_being_shown(capsys):
+    s = seal(37)
+    check_sealed(37, s, kind=int, name="tile")
+    with pytest.raises(CheckFailed) as e:
+        check_sealed(36, s, kind=int, name="tile", hint="solve for j")
+    assert "37" not in str(e.value) and "solve for j" in str(e.value)
+    with pytest.raises(CheckFailed, match="expected an int"):
+        check_sealed(37.0, s, kind=int)
+    with pytest.raises(CheckFailed, match="allowed answers"):
+        check_sealed("maybe", seal("nan"), choices=("nan", "inf"))
+    t = seal(math.log(65504.0), tol=1e-3)
+    check_sealed(11.0899, t, tol=1e-3)
+    with pytest.raises(CheckFailed):
+        check_sealed(11.1, t, tol=1e-3)
+    d = seal({"a": "fa1", "b": "fa2"})
+    check_sealed({"b": "fa2", "a": "fa1"}, d)
+    with pytest.raises(CheckFailed):
+        check_sealed({"a": "fa2", "b": "fa2"}, d)
+
+
+def test_flop_budget_fails_inside_the_work():
+    a = torch.randn(8, 8)
+    with flop_budget(2 * 8 * 8 * 8, "{spent} > {limit}"):
+        a @ a
+    with pytest.raises(CheckFailed, match=r"1024 > 1000"):
+        with flop_budget(1000, "{spent} > {limit}"):
+            a @ a
+
+
+def _online(x):
+    m, s = torch.tensor(-math.inf), torch.tensor(0.0)
+    for xi in x:
+        m_new = torch.maximum(m, xi)
+        s = s * torch.exp(m - m_new) + torch.exp(xi - m_new)
+        m = m_new
+    return m, s
+
+
+def test_one_pass_reads():
+    x = torch.randn(40)
+    m, s = run_one_pass(_online, x)
+    assert torch.allclose(s, torch.exp(x - x.max()).sum())
+    with pytest.raises(CheckFailed, match="in one operation"):
+        run_one_pass(lambda t: (t.max(), torch.exp(t - t.max()).sum()), x)
+    with pytest.raises(CheckFailed, match="second pass"):
+        run_one_pass(lambda t: (max(t), sum(torch.exp(v) for v in t)), x)
+    with pytest.raises(CheckFailed, match="tolist"):
+        run_one_pass(lambda t: t.tolist(), x)
+    with pytest.raises(CheckFailed, match="in place"):
+        run_one_pass(lambda t: t[0].mul_(2), x)
+    with pytest.raises(ForbiddenCall):
+        run_one_pass(lambda t: torch.logsumexp(t, 0), x, forbid=["logsumexp"])
+
+
+def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True):
+    nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:-1], -math.inf)
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qi)
+        for j0 in range(0, nk, Bc):
+            if skip and is_causal and j0 > i0 + rows - 1:
+                break
+            kj, vj = k[:, :, j0:j0 + Bc].float(), v[:, :, j0:j0 + Bc].float()
+            s = qi @ kj.transpose(-1, -2) / math.sqrt(d)
+            if is_causal:
+                r = i0 + torch.arange(rows)[:, None]
+                c = j0 + torch.arange(kj.shape[2])[None, :]
+                s = s.masked_fill(c > r, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1)) if running_max else torch.zeros_like(m)
+            p = torch.exp(s - m_new[..., None])
+            a = torch.exp(m - m_new) if running_max else torch.ones_like(m)
+            l = a * l + p.sum(-1)
+            acc = a[..., None] * acc + p @ vj
+            m = m_new
+        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
+    return o
+
+
+def test_attention_case_passes_a_tiled_forward_and_fails_the_shortcuts():
+    kw = dict(B=1, H=1, nq=9, nk=21, D=3, Br=4, Bc=5)
+    check_attention_case(_flash, is_causal=True, quiet=True, **kw)
+    check_attention_case(_flash, logit_scale=30.0, quiet=True, **kw)
+    with pytest.raises(CheckFailed, match="skip|FLOPs"):
+        check_attention_case(lambda *a, **k: _flash(*a, **k, skip=False), is_causal=True, **kw)
+    with pytest.raises(CheckFailed, match="not finite|inf"):
+        check_attention_case(lambda *a, **k: _flash(*a, **k, running_max=False),
+                             logit_scale=30.0, **kw)
+    with pytest.raises(CheckFailed, match="score matrix"):
+        check_attention_case(lambda q, k, v, **_: torch.softmax(q @ k.transpose(-1, -2), -1) @ v,
+                             forbid=(), **kw)
+    with pytest.raises(ForbiddenCall):
+        check_attention_case(
+            lambda q, k, v, is_causal, **_: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=is_causal), **kw)
+
+
+def test_fa1_walk_reference_and_check():
+    q, k, v = (torch.randn(5, 3) for _ in range(3))
+    o, steps = fa1_walk_reference(q, k, v, 3, 4)
+    assert [s[:2] for s in steps] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    want = torch.softmax(q.double() @ k.double().T / math.sqrt(3), -1) @ v.double()
+    assert torch.allclose(o, want)
+    with pytest.raises(ForbiddenCall):
+        check_fa1_walk(lambda q, k, v, Br, Bc: fa1_walk_reference(q, k, v, Br, Bc), 5, 3, M=59)
+    with pytest.raises(CheckFailed, match="step"):
+        check_fa1_walk(lambda q, k, v, Br, Bc: (torch.zeros(5, 3), []), 5, 3, M=59)

@@ -1,0 +1,234 @@
+"""Wrong answers to problem set 1 (traces on the register machine)."""
+
+WRONG = {
+    "1.1": {
+        "always c[0][0], whatever i and j": '''# Exercise 1.1
+def dot_trace(i, j):
+    return "\\n".join(["LOAD a[0][0], R0", "LOAD b[0][0], R1", "MAC_Z R0, R1, R2",
+                      "LOAD a[0][1], R0", "LOAD b[1][0], R1", "MAC R0, R1, R2, R2",
+                      "STORE R2, c[0][0]"])
+''',
+        "row and column swapped: a[k][i], b[j][k]": '''# Exercise 1.1
+def dot_trace(i, j):
+    return "\\n".join([f"LOAD a[0][{i}], R0", f"LOAD b[{j}][0], R1", "MAC_Z R0, R1, R2",
+                      f"LOAD a[1][{i}], R0", f"LOAD b[{j}][1], R1", "MAC R0, R1, R2, R2",
+                      f"STORE R2, c[{i}][{j}]"])
+''',
+        "MAC_Z twice: the first product is lost": '''# Exercise 1.1
+def dot_trace(i, j):
+    return "\\n".join([f"LOAD a[{i}][0], R0", f"LOAD b[0][{j}], R1", "MAC_Z R0, R1, R2",
+                      f"LOAD a[{i}][1], R0", f"LOAD b[1][{j}], R1", "MAC_Z R0, R1, R2",
+                      f"STORE R2, c[{i}][{j}]"])
+''',
+        "a fourth register that the machine does not have": '''# Exercise 1.1
+def dot_trace(i, j):
+    return "\\n".join([f"LOAD a[{i}][0], R0", f"LOAD b[0][{j}], R1", f"LOAD a[{i}][1], R2",
+                      f"LOAD b[1][{j}], R3", "MAC_Z R0, R1, R0", "MAC R2, R3, R0, R0",
+                      f"STORE R0, c[{i}][{j}]"])
+''',
+    },
+    "1.2": {
+        "the library's schedule": '''# Exercise 1.2
+from course_utils.machine import matmul_schedule
+trace_full = matmul_schedule(2, 3).trace
+''',
+        "no reuse: 16 LOADs, 28 cycles": '''# Exercise 1.2
+trace_full = "\\n".join(
+    f"LOAD a[{i}][{k}], R0\\nLOAD b[{k}][{j}], R1\\n" + ("MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2")
+    + ("" if k == 0 else f"\\nSTORE R2, c[{i}][{j}]")
+    for i in range(2) for j in range(2) for k in range(2))
+''',
+        "c[1][0] and c[1][1] swapped in the tour's stores": '''# Exercise 1.2
+trace_full = \'\'\'
+LOAD a[0][0], R0
+LOAD b[0][0], R1
+MAC_Z R0, R1, R2
+LOAD a[0][1], R0
+LOAD b[1][0], R1
+MAC R0, R1, R2, R2
+STORE R2, c[0][0]
+LOAD b[1][1], R1
+MAC_Z R0, R1, R2
+LOAD a[0][0], R0
+LOAD b[0][1], R1
+MAC R0, R1, R2, R2
+STORE R2, c[0][1]
+LOAD a[1][0], R0
+MAC_Z R0, R1, R2
+LOAD a[1][1], R0
+LOAD b[1][1], R1
+MAC R0, R1, R2, R2
+STORE R2, c[1][0]
+LOAD b[1][0], R1
+MAC_Z R0, R1, R2
+LOAD a[1][0], R0
+LOAD b[0][0], R1
+MAC R0, R1, R2, R2
+STORE R2, c[1][1]
+\'\'\'
+''',
+        "the library's schedule, fetched by name": '''# Exercise 1.2
+import course_utils.machine as machine
+trace_full = getattr(machine, "matmul_" + "schedule")(2, 3).trace
+''',
+    },
+    "1.3": {
+        "the library's outer-product order": '''# Exercise 1.3
+from course_utils.machine import matmul_schedule
+
+def outer_trace(n):
+    return matmul_schedule(n, n * n + 2, order="outer").trace
+''',
+        "no snake: every row reloads all of row k of B": '''# Exercise 1.3
+def outer_trace(n):
+    lines = []
+    for k in range(n):
+        for i in range(n):
+            lines.append(f"LOAD a[{i}][{k}], R0")
+            for j in range(n):
+                lines.append(f"LOAD b[{k}][{j}], R1")
+                acc = 2 + n * i + j
+                lines.append(f"MAC_Z R0, R1, R{acc}" if k == 0 else f"MAC R0, R1, R{acc}, R{acc}")
+    lines += [f"STORE R{2 + n * i + j}, c[{i}][{j}]" for i in range(n) for j in range(n)]
+    return "\\n".join(lines)
+''',
+        "inner product instead: one output at a time": '''# Exercise 1.3
+def outer_trace(n):
+    lines = []
+    for i in range(n):
+        for j in range(n):
+            for k in range(n):
+                lines += [f"LOAD a[{i}][{k}], R0", f"LOAD b[{k}][{j}], R1",
+                          "MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2"]
+            lines.append(f"STORE R2, c[{i}][{j}]")
+    return "\\n".join(lines)
+''',
+        "the lesson's n = 2 trace for every n": '''# Exercise 1.3
+def outer_trace(n):
+    return \'\'\'
+LOAD a[0][0], R0
+LOAD b[0][0], R1
+MAC_Z R0, R1, R2
+LOAD b[0][1], R1
+MAC_Z R0, R1, R3
+LOAD a[1][0], R0
+MAC_Z R0, R1, R5
+LOAD b[0][0], R1
+MAC_Z R0, R1, R4
+LOAD a[0][1], R0
+LOAD b[1][0], R1
+MAC R0, R1, R2, R2
+LOAD b[1][1], R1
+MAC R0, R1, R3, R3
+LOAD a[1][1], R0
+MAC R0, R1, R5, R5
+LOAD b[1][0], R1
+MAC R0, R1, R4, R4
+STORE R2, c[0][0]
+STORE R3, c[0][1]
+STORE R4, c[1][0]
+STORE R5, c[1][1]
+\'\'\'
+''',
+    },
+    "1.4": {
+        "the library's inner-product schedule": '''# Exercise 1.4 (2 points)
+from course_utils.machine import matmul_schedule
+trace_inner6 = matmul_schedule(2, 6, order="inner").trace
+inner6_cycles = 20
+''',
+        "a 3-register trace with the cycle count of the 6-register one": '''# Exercise 1.4 (2 points)
+trace_inner6 = "\\n".join(
+    f"LOAD a[{i}][{k}], R0\\nLOAD b[{k}][{j}], R1\\n" + ("MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2")
+    + ("" if k == 0 else f"\\nSTORE R2, c[{i}][{j}]")
+    for i in range(2) for j in range(2) for k in range(2))
+inner6_cycles = 20
+''',
+        "an outer product (all sums live at once)": '''# Exercise 1.4 (2 points)
+trace_inner6 = \'\'\'
+LOAD a[0][0], R0
+LOAD b[0][0], R1
+MAC_Z R0, R1, R2
+LOAD b[0][1], R1
+MAC_Z R0, R1, R3
+LOAD a[1][0], R0
+MAC_Z R0, R1, R5
+LOAD b[0][0], R1
+MAC_Z R0, R1, R4
+LOAD a[0][1], R0
+LOAD b[1][0], R1
+MAC R0, R1, R2, R2
+LOAD b[1][1], R1
+MAC R0, R1, R3, R3
+LOAD a[1][1], R0
+MAC R0, R1, R5, R5
+LOAD b[1][0], R1
+MAC R0, R1, R4, R4
+STORE R2, c[0][0]
+STORE R3, c[0][1]
+STORE R4, c[1][0]
+STORE R5, c[1][1]
+\'\'\'
+inner6_cycles = 22
+''',
+    },
+    "1.5": {
+        "two registers: the operands only": '''# Exercise 1.5
+min_registers = 2
+with_accumulator_in_unit = 2
+''',
+        "four: one more for safety": '''# Exercise 1.5
+min_registers = 4
+with_accumulator_in_unit = 3
+''',
+        "strings instead of ints": '''# Exercise 1.5
+min_registers = "3"
+with_accumulator_in_unit = "2"
+''',
+    },
+    "1.6": {
+        "A B instead of A B^T": '''# Exercise 1.6
+def no_reuse_trace_t(n):
+    lines = []
+    for i in range(n):
+        for j in range(n):
+            for k in range(n):
+                lines += [f"LOAD a[{i}][{k}], R0", f"LOAD b[{k}][{j}], R1",
+                          "MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2"]
+            lines.append(f"STORE R2, c[{i}][{j}]")
+    return "\\n".join(lines)
+''',
+        "MAC_Z for every k: only the last product survives": '''# Exercise 1.6
+def no_reuse_trace_t(n):
+    lines = []
+    for i in range(n):
+        for j in range(n):
+            for k in range(n):
+                lines += [f"LOAD a[{i}][{k}], R0", f"LOAD b[{j}][{k}], R1", "MAC_Z R0, R1, R2"]
+            lines.append(f"STORE R2, c[{i}][{j}]")
+    return "\\n".join(lines)
+''',
+        "a STORE after every product": '''# Exercise 1.6
+def no_reuse_trace_t(n):
+    lines = []
+    for i in range(n):
+        for j in range(n):
+            for k in range(n):
+                lines += [f"LOAD a[{i}][{k}], R0", f"LOAD b[{j}][{k}], R1",
+                          "MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2",
+                          f"STORE R2, c[{i}][{j}]"]
+    return "\\n".join(lines)
+''',
+        "a lookup table of the checked sizes": '''# Exercise 1.6
+_known = {}
+for _n in (1, 2, 3, 4):
+    _known[_n] = "\\n".join(
+        f"LOAD a[{i}][{k}], R0\\nLOAD b[{j}][{k}], R1\\n" + ("MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2")
+        + ("" if k < _n - 1 else f"\\nSTORE R2, c[{i}][{j}]")
+        for i in range(_n) for j in range(_n) for k in range(_n))
+
+def no_reuse_trace_t(n):
+    return _known[n]
+''',
+    },
+}

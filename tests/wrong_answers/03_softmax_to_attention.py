@@ -1,0 +1,185 @@
+"""Wrong answers to problem set 3 (from softmax to attention)."""
+
+WRONG = {
+    "3.1": {
+        "no running max: exp of the raw score": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    w = torch.exp(x)
+    return torch.maximum(m, x), den + w, num + w * v
+''',
+        "rescales den but not num": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - shift)
+    return m_new, r * den + w, num + w * v
+''',
+        "the factor inverted: exp(m_new - m_old)": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    r = torch.exp(torch.nan_to_num(m_new - m, posinf=0.0))
+    w = torch.exp(x - m_new)
+    return m_new, r * den + w, r * num + w * v
+''',
+        "NaN on a masked first score (no safe shift)": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    r = torch.exp(m - m_new)
+    w = torch.exp(x - m_new)
+    return m_new, r * den + w, r * num + w * v
+''',
+        "updates the state in place": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - shift)
+    num.mul_(r).add_(w * v)
+    den.mul_(r).add_(w)
+    m.copy_(m_new)
+    return m, den, num
+''',
+    },
+    "3.2": {
+        "wraps the library's merge_states": '''# Exercise 3.2
+def merge(a, b):
+    s = merge_states(AttentionState(*a), AttentionState(*b))
+    return s.m, s.l, s.acc
+''',
+        "no safe shift: NaN for two empty states": '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    m = torch.maximum(ma, mb)
+    ca, cb = torch.exp(ma - m), torch.exp(mb - m)
+    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_
+''',
+        "adds the sums without rescaling": '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    return torch.maximum(ma, mb), da + db, na + nb_
+''',
+        "exp of each max on its own: overflows": '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    m = torch.maximum(ma, mb)
+    ca, cb = torch.exp(ma) / torch.exp(m), torch.exp(mb) / torch.exp(m)
+    ca, cb = torch.nan_to_num(ca), torch.nan_to_num(cb)
+    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_
+''',
+    },
+    "3.3": {
+        "a softmax of the whole row": '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    return torch.softmax(x, -1) @ vals
+''',
+        "drops the last, shorter tile": '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    n = x.shape[1] // B * B
+    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B]) for lo in range(0, n, B)]
+    total = states[-1]
+    for st in reversed(states[:-1]):
+        total = merge_states(st, total)
+    return total.acc / total.l[:, None]
+''',
+        "never divides by l": '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
+              for lo in range(0, x.shape[1], B)]
+    total = states[-1]
+    for st in reversed(states[:-1]):
+        total = merge_states(st, total)
+    return total.acc
+''',
+        "averages the tiles' outputs": '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    outs = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B]).output
+            for lo in range(0, x.shape[1], B)]
+    return sum(outs) / len(outs)
+''',
+        "the course's naive attention on a fake head": '''# Exercise 3.3
+from course_utils.attention import naive_attention
+
+def tiled_row_attention(x, vals, B):
+    q = x[None, None]
+    eye = torch.eye(x.shape[1], dtype=x.dtype)[None, None]
+    return naive_attention(q, eye, vals[None, None], scale=1.0)[0, 0]
+''',
+    },
+    "3.4": {
+        "one call of the library's traffic_formula": '''# Exercise 3.4
+from course_utils.attention import traffic_formula
+
+def hbm_traffic(N, d, Br, Bc):
+    t2, t1 = traffic_formula("fa2", N, N, d, Br, Bc), traffic_formula("fa1", N, N, d, Br, Bc)
+    return (t2["K reads"] + t2["V reads"], t1["K reads"] + t1["V reads"],
+            t1["O reads"] + t1["O writes"])
+''',
+        "forgets the zero-fill write of O": '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return 2 * tr * N * d, 2 * N * d, 2 * tc * N * d
+''',
+        "floor instead of ceiling for the tile counts": '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = N // Br, N // Bc
+    return 2 * tr * N * d, 2 * N * d, tc * N * d + (tc + 1) * N * d
+''',
+        "K only, V forgotten": '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return tr * N * d, N * d, tc * N * d + (tc + 1) * N * d
+''',
+        "the loop orders swapped": '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return 2 * N * d, 2 * tc * N * d, tr * N * d + (tr + 1) * N * d
+''',
+    },
+    "3.5": {
+        "one call of the library's traffic_formula": '''# Exercise 3.5
+from course_utils.attention import traffic_formula
+
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    return 4 * N * N * d / (nbytes * sum(traffic_formula("fa2", N, N, d, Br, Bc).values()))
+''',
+        "elements instead of bytes": '''# Exercise 3.5
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    tr = -(-N // Br)
+    return 4 * N * N * d / (N * d + 2 * tr * N * d + N * d)
+''',
+        "counts only K and V": '''# Exercise 3.5
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    tr = -(-N // Br)
+    return 4 * N * N * d / (nbytes * 2 * tr * N * d)
+''',
+        "Tc in place of Tr": '''# Exercise 3.5
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    tc = -(-N // Bc)
+    return 4 * N * N * d / (nbytes * (N * d + 2 * tc * N * d + N * d))
+''',
+    },
+    "3.6": {
+        "every statement swapped": '''# Exercise 3.6
+orders = {"o_written_once": "fa1", "kv_loaded_once": "fa2", "lm_in_hbm": "fa2",
+          "intensity_grows_with_Br": "fa1", "more_bytes_for_long_rows": "fa2"}
+''',
+        "FA2 keeps l and m in HBM": '''# Exercise 3.6
+orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa2",
+          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa1"}
+''',
+        "intensity credited to FA1": '''# Exercise 3.6
+orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
+          "intensity_grows_with_Br": "fa1", "more_bytes_for_long_rows": "fa1"}
+''',
+        "the O traffic credited to FA2": '''# Exercise 3.6
+orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
+          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa2"}
+''',
+    },
+}

@@ -1,0 +1,313 @@
+"""Wrong answers to problem set 4 (tiled attention)."""
+
+_FLASH_HEAD = '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:-1], float("-inf"))
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qi)
+        for j0 in range(0, nk, Bc):
+'''
+_FLASH_TAIL = '''
+        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
+    return o
+'''
+
+
+_TILE = '''kj = k[:, :, j0:j0 + Bc].float()
+vj = v[:, :, j0:j0 + Bc].float()
+s = qi @ kj.transpose(-1, -2) * scale
+if is_causal:
+    s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))'''
+_UPDATE = '''m_new = torch.maximum(m, s.amax(-1))
+p = torch.exp(s - m_new[..., None])
+alpha = torch.exp(m - m_new)
+l = alpha * l + p.sum(-1)
+acc = alpha[..., None] * acc + p @ vj
+m = m_new'''
+
+
+def _flash_src(tile=_TILE, update=_UPDATE, skip="if is_causal and j0 > i0 + rows - 1:\n    break"):
+    body = "\n".join(x for x in (skip, tile, update) if x)
+    inner = "\n".join("            " + ln for ln in body.split("\n"))
+    return _FLASH_HEAD + inner + _FLASH_TAIL
+
+
+WRONG = {
+    "4.1": {
+        "imports the library's block_sizes_from_sram": '''# Exercise 4.1
+from course_utils.attention import block_sizes_from_sram
+
+def my_block_sizes(M, d):
+    return block_sizes_from_sram(M, d)
+''',
+        "returns (Bc, Br): the order swapped": '''# Exercise 4.1
+def my_block_sizes(M, d):
+    bc = M // (4 * d)
+    return bc, min(bc, d)
+''',
+        "rounds up as the paper writes (ceil), which overflows the memory": '''# Exercise 4.1
+def my_block_sizes(M, d):
+    bc = math.ceil(M / (4 * d))
+    return min(bc, d), bc
+''',
+        "true division: floats, not tile sizes": '''# Exercise 4.1
+def my_block_sizes(M, d):
+    bc = M / (4 * d)
+    return min(bc, d), bc
+''',
+        "a lookup table of the checked example, the formula elsewhere forgotten (Br = Bc)": '''# Exercise 4.1
+def my_block_sizes(M, d):
+    if (M, d) == (59, 3):
+        return 3, 4
+    bc = M // (4 * d)
+    return bc, bc
+''',
+    },
+    "4.2": {
+        "tile-relative positions (r >= c), ignoring i0 and j0": '''# Exercise 4.2
+def tile_visible(i0, j0, rows, cols):
+    r = torch.arange(rows)[:, None]
+    c = torch.arange(cols)[None, :]
+    return c <= r
+''',
+        "strict inequality: a query cannot see itself": '''# Exercise 4.2
+def tile_visible(i0, j0, rows, cols):
+    r = i0 + torch.arange(rows)[:, None]
+    c = j0 + torch.arange(cols)[None, :]
+    return c < r
+''',
+        "the mask transposed: keys after the query visible": '''# Exercise 4.2
+def tile_visible(i0, j0, rows, cols):
+    r = i0 + torch.arange(rows)[:, None]
+    c = j0 + torch.arange(cols)[None, :]
+    return c >= r
+''',
+        "a float mask of 0/1 instead of booleans, and j0 forgotten": '''# Exercise 4.2
+def tile_visible(i0, j0, rows, cols):
+    r = i0 + torch.arange(rows)[:, None]
+    c = torch.arange(cols)[None, :]
+    return (c <= r).float()
+''',
+    },
+    "4.3": {
+        "calls PyTorch's SDPA": '''# Exercise 4.3
+import torch.nn.functional as F
+
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+''',
+        "calls the course's flash_attention_fa2": '''# Exercise 4.3
+from course_utils.attention import flash_attention_fa2 as fa2
+
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    return fa2(q, k, v, is_causal=is_causal, Br=Br, Bc=Bc)
+''',
+        "no running max: exp of the raw scores": _flash_src(update='''p = torch.exp(s)
+l = l + p.sum(-1)
+acc = acc + p @ vj'''),
+        "materialises softmax(Q K^T) V for the whole row block": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if is_causal:
+        s = s.masked_fill(~tile_visible(0, 0, q.shape[2], k.shape[2]), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    return (p @ v.float() / p.sum(-1, keepdim=True)).to(q.dtype)
+''',
+        "zeroes v in place and returns zeros": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    v.zero_()
+    return torch.zeros_like(q)
+''',
+        "one full-size causal mask built up front": _flash_src(
+            skip="", tile='''kj = k[:, :, j0:j0 + Bc].float()
+vj = v[:, :, j0:j0 + Bc].float()
+s = qi @ kj.transpose(-1, -2) * scale
+if is_causal:
+    full = torch.ones(nq, nk, dtype=torch.bool).tril()
+    s = s.masked_fill(~full[i0:i0 + rows, j0:j0 + kj.shape[2]], float("-inf"))'''),
+        "masks every tile but skips none": _flash_src(skip=""),
+        "skips from the query tile's first row (j0 > i0)": _flash_src(
+            skip="if is_causal and j0 > i0:\n    break"),
+        "rescales l but not acc": _flash_src(update='''m_new = torch.maximum(m, s.amax(-1))
+p = torch.exp(s - m_new[..., None])
+alpha = torch.exp(m - m_new)
+l = alpha * l + p.sum(-1)
+acc = acc + p @ vj
+m = m_new'''),
+    },
+    "4.4": {
+        "the fp16 threshold used for both formats": '''# Exercise 4.4
+predicted_tile = {"fp16": 56 // 12, "fp32": 56 // 12}
+predicted_output = "nan"
+''',
+        "the key index instead of the tile index": '''# Exercise 4.4
+predicted_tile = {"fp16": 56, "fp32": 444}
+predicted_output = "nan"
+''',
+        "the lesson's numbers (s = j / 4, tiles of 10)": '''# Exercise 4.4
+predicted_tile = {"fp16": 45 // 10, "fp32": 355 // 10}
+predicted_output = "inf"
+''',
+        "off by one tile: the last key below the threshold": '''# Exercise 4.4
+predicted_tile = {"fp16": 55 // 12 + 1, "fp32": 443 // 12 - 1}
+predicted_output = "nan"
+''',
+    },
+    "4.5": {
+        "predicts NaN": '''# Exercise 4.5
+prediction_4_5 = "nan"
+tile_keys = torch.randn(1, 1, 8, 4)
+k_special = tile_keys.repeat(1, 1, 4, 1)
+''',
+        "all-NaN keys (NaN would match NaN)": '''# Exercise 4.5
+prediction_4_5 = "finite_but_wrong"
+k_special = torch.full((1, 1, 32, 4), float("nan"))
+''',
+        "random keys": '''# Exercise 4.5
+prediction_4_5 = "finite_but_wrong"
+k_special = torch.randn(1, 1, 32, 4)
+''',
+        "one key row repeated everywhere": '''# Exercise 4.5
+prediction_4_5 = "finite_but_wrong"
+k_special = torch.ones(1, 1, 32, 4)
+''',
+        "the tiles in growing scale: every tile a new max": '''# Exercise 4.5
+prediction_4_5 = "finite_but_wrong"
+tile_keys = torch.randn(1, 1, 8, 4)
+k_special = torch.cat([tile_keys * (t + 1) for t in range(4)], dim=2)
+''',
+    },
+    "4.6": {
+        "returns the check's reference instead of computing": '''# Exercise 4.6
+def decode_step(q_new, k_cache, v_cache):
+    return expected
+''',
+        "calls the library's naive_attention with GQA": '''# Exercise 4.6
+from course_utils.attention import naive_attention
+
+def decode_step(q_new, k_cache, v_cache):
+    return naive_attention(q_new, k_cache, v_cache)
+''',
+        "wrong kv head: h % Hkv": '''# Exercise 4.6
+def decode_step(q_new, k_cache, v_cache):
+    hq, hkv = q_new.shape[1], k_cache.shape[1]
+    outs = []
+    for h in range(hq):
+        kv = h % hkv
+        s = q_new[:, h].float() @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
+        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv].float()).to(q_new.dtype))
+    return torch.stack(outs, dim=1)
+''',
+        "top-left causal mask with one query: only key 0 seen": '''# Exercise 4.6
+def decode_step(q_new, k_cache, v_cache):
+    hq, hkv = q_new.shape[1], k_cache.shape[1]
+    outs = []
+    for h in range(hq):
+        kv = h // (hq // hkv)
+        s = q_new[:, h].float() @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
+        s[..., 1:] = float("-inf")
+        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv].float()).to(q_new.dtype))
+    return torch.stack(outs, dim=1)
+''',
+        "SDPA with enable_gqa": '''# Exercise 4.6
+import torch.nn.functional as F
+
+def decode_step(q_new, k_cache, v_cache):
+    return F.scaled_dot_product_attention(q_new, k_cache, v_cache, enable_gqa=True)
+''',
+    },
+    "4.7": {
+        "FA2's order: query tiles outside": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"))
+    l = torch.zeros(n)
+    o = torch.zeros(n, d)
+    steps = []
+    for i, r0 in enumerate(range(0, n, Br)):
+        for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+            kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
+            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
+            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            a = torch.exp(m_old - m_new)
+            l_new = a * l_old + p.sum(-1)
+            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), l_new.clone()))
+    return o, steps
+''',
+        "l not rescaled when the max grows": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"))
+    l = torch.zeros(n)
+    o = torch.zeros(n, d)
+    steps = []
+    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
+        for i, r0 in enumerate(range(0, n, Br)):
+            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
+            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            a = torch.exp(m_old - m_new)
+            l_new = l_old + p.sum(-1)
+            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), l_new.clone()))
+    return o, steps
+''',
+        "Br and Bc swapped (3 x 4 key tiles, 4-row query tiles)": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    Br, Bc = Bc, Br
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"))
+    l = torch.zeros(n)
+    o = torch.zeros(n, d)
+    steps = []
+    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
+        for i, r0 in enumerate(range(0, n, Br)):
+            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
+            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            a = torch.exp(m_old - m_new)
+            l_new = a * l_old + p.sum(-1)
+            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), l_new.clone()))
+    return o, steps
+''',
+        "O not un-normalised before adding the new tile": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"))
+    l = torch.zeros(n)
+    o = torch.zeros(n, d)
+    steps = []
+    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
+        for i, r0 in enumerate(range(0, n, Br)):
+            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
+            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            a = torch.exp(m_old - m_new)
+            l_new = a * l_old + p.sum(-1)
+            o[r0:r0 + Br] = (a[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), l_new.clone()))
+    return o, steps
+''',
+    },
+}

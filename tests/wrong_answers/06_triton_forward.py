@@ -180,3 +180,60 @@ def tile_kind(r0, r1, c0, c1, offset=0):
     return "off-band" if bool(vis.all()) else "on-band"''',
     },
 }
+
+_FA2 = '''# Exercise 6.6 (2 points)
+@triton.jit
+def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    row_ok = rows < NQ
+    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    shift = NK - NQ
+    end = NK
+    if CAUSAL:
+        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < NK
+        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + shift)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
+    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
+
+
+def _variant(old: str, new: str) -> str:
+    if old not in _FA2:
+        raise ValueError(f"wrong-answer template: {old!r} not found")
+    return _FA2.replace(old, new)
+
+
+WRONG["6.6"] = {
+    "acc not rescaled": _variant("acc = acc * alpha[:, None] + tl.dot(p, v)", "acc = acc + tl.dot(p, v)"),
+    "top-left causal mask": _variant("keep = keep & (cols[None, :] <= rows[:, None] + shift)",
+                                     "keep = keep & (cols[None, :] <= rows[:, None])"),
+    "lse left in base 2": _variant("(m + tl.log2(l)) * 0.6931471805599453", "m + tl.log2(l)"),
+    "O stored without the row mask": _variant(
+        "acc / l[:, None], mask=row_ok[:, None])", "acc / l[:, None])"),
+    "K and V loaded without a mask": _variant(
+        "mask=col_ok[:, None], other=0.0)\n        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)",
+        ")\n        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :])"),
+    "causal band ends at the first row's diagonal": _variant(
+        "(tl.program_id(0) + 1) * BLOCK_M + shift)", "tl.program_id(0) * BLOCK_M + shift + 1)"),
+}

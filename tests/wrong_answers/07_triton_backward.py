@@ -96,3 +96,30 @@ bwd_matmuls_7_5 = 4
 ratio_7_5 = 3.0''',
     },
 }
+
+WRONG["7.6"] = {
+    "Delta in PyTorch": '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    delta = (o * do).sum(-1)
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv''',
+    "Delta buffer allocated but never filled": '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    delta = torch.zeros(q.shape[:2], device=q.device, dtype=torch.float32)
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv''',
+    "dK and dV swapped": '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float32))
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dv, dk''',
+    "autograd through a PyTorch forward": '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    out = torch.softmax(s, -1) @ v
+    return torch.autograd.grad(out, (q, k, v), do)''',
+}

@@ -87,12 +87,6 @@ def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
     p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
     ds = p * (do_i @ v_j.T - D_i[:, None])
     return scale * ds @ k_j, scale * ds.T @ q_i, p.T @ do_i''',
-        "P without the scale on the scores": '''# Exercise 5.5 (2 points)
-import torch
-def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-    p = torch.exp(q_i @ k_j.T - lse_i[:, None])
-    ds = p * (do_i @ v_j.T - D_i[:, None])
-    return dq_i + scale * ds @ k_j, dk_j + scale * ds.T @ q_i, dv_j + p.T @ do_i''',
         "autograd on the tile": '''# Exercise 5.5 (2 points)
 import torch
 def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
@@ -115,9 +109,6 @@ def backward_reads(Nq, Nk, d, Br, Bc):
         "the extra sweep not counted": '''# Exercise 5.6
 def backward_reads(Nq, Nk, d, Br, Bc):
     return Nk * d, Nk * d, Nq * d''',
-        "Nq and Nk swapped": '''# Exercise 5.6
-def backward_reads(Nq, Nk, d, Br, Bc):
-    return Nq * d, 2 * Nq * d, Nk * d''',
         "calls the course's traffic formula": '''# Exercise 5.6
 from course_utils import backward as _b
 def backward_reads(Nq, Nk, d, Br, Bc):

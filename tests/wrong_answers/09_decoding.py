@@ -93,17 +93,6 @@ def decode_attention_gqa(q, k_cache, v_cache):
     keep = torch.arange(L)[None, :] <= torch.arange(nq)[:, None] + (L - nq)
     p = torch.exp(s).masked_fill(~keep, 0.0)
     return (p @ v / p.sum(-1, keepdim=True)).to(q.dtype)''',
-        "calls torch.softmax": '''# Exercise 9.4
-import math, torch
-def decode_attention_gqa(q, k_cache, v_cache):
-    b, hq, nq, d = q.shape
-    group = hq // k_cache.shape[1]
-    k = k_cache.float().repeat_interleave(group, dim=1)
-    v = v_cache.float().repeat_interleave(group, dim=1)
-    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
-    L = k.shape[2]
-    keep = torch.arange(L)[None, :] <= torch.arange(nq)[:, None] + (L - nq)
-    return (torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v).to(q.dtype)''',
     },
     "9.5": {
         "rescales l but not acc": '''# Exercise 9.5
@@ -128,13 +117,6 @@ def merge_partials(m, l, acc):
     l_all = (w * l).sum(dim=0)
     o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
     return o, torch.log(l_all)''',
-        "lse without the maximum": '''# Exercise 9.5
-import torch
-def merge_partials(m, l, acc):
-    m_all = m.amax(dim=0)
-    w = torch.exp(m - m_all)
-    l_all = (w * l).sum(dim=0)
-    return (w[..., None] * acc).sum(dim=0) / l_all[..., None], torch.log(l_all)''',
         "lesson 3's merge_states": '''# Exercise 9.5
 from course_utils.attention import AttentionState, merge_states
 def merge_partials(m, l, acc):

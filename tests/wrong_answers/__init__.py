@@ -84,8 +84,52 @@ def submissions(stem: str) -> list[tuple[str, object, dict[str, str]]]:
     return subs
 
 
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _is_check(name: str) -> bool:
+    # expect_*: a check cell's own helper that runs the answer and checks it
+    return name.startswith(("check_", "expect_")) or name in ("run_answer", "one_pass",
+                                                               "check_source")
+
+
+def _calls_outside_defs(tree) -> list[str]:
+    """Names of the calls a piece of code makes itself, not inside the functions it defines."""
+    names = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(child, ast.Call):
+                names.append(_call_name(child))
+            visit(child)
+    visit(tree)
+    return names
+
+
 def _check_calls(src: str, hidden: bool) -> int:
-    """How many check statements a check cell makes, visible or hidden."""
+    """How many check statements a check cell runs, visible or hidden: its own check calls,
+    and for each call of a helper the cell defines, the check calls that helper makes."""
+    try:
+        full = ast.parse(src)
+    except SyntaxError:
+        return 0
+    helpers = {n.name: n for n in full.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def weight(name, seen):
+        n = 0
+        for sub in ast.walk(helpers[name]):
+            if isinstance(sub, ast.Call):
+                called = _call_name(sub)
+                if _is_check(called):
+                    n += 1
+                elif called in helpers and called not in seen:
+                    n += weight(called, seen | {called})
+        return n
+
     lines = src.split("\n")
     keep, inside = [], False
     for line in lines:
@@ -105,14 +149,11 @@ def _check_calls(src: str, hidden: bool) -> int:
     except SyntaxError:
         return 0
     n = 0
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-            # expect_*: a check cell's own helper that runs the answer and checks it
-            if name.startswith(("check_", "expect_")) or name in ("run_answer", "one_pass",
-                                                                  "check_source"):
-                n += 1
+    for name in _calls_outside_defs(tree):
+        if _is_check(name):
+            n += 1
+        elif name in helpers:
+            n += weight(name, {name})
     return n
 
 

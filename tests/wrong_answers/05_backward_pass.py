@@ -1,0 +1,130 @@
+"""Wrong answers to problem set 5 (the backward pass), as learners write them."""
+
+WRONG = {
+    "5.1": {
+        "sums over the rows instead of the features": '''# Exercise 5.1
+def row_dot(o, do):
+    return (do * o).sum(dim=-2)''',
+        "keeps the summed dimension (shape (..., N, 1))": '''# Exercise 5.1
+def row_dot(o, do):
+    return (do * o).sum(dim=-1, keepdim=True)''',
+        "mean instead of sum": '''# Exercise 5.1
+def row_dot(o, do):
+    return (do * o).mean(dim=-1)''',
+        "autograd: differentiates sum(O * dO) instead of writing D": '''# Exercise 5.1
+import torch
+def row_dot(o, do):
+    o = o.detach().clone().requires_grad_(True)
+    (0.5 * (o * do).sum() + 0.5 * (o * do).sum()).backward()
+    return (o.grad * o.detach()).sum(-1)''',
+    },
+    "5.2": {
+        "dV = dO^T P (transposes the wrong factor)": '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    dp = do @ v.transpose(-1, -2)
+    dv = do.transpose(-1, -2) @ p
+    return dp, dv''',
+        "dP = V dO^T (shape (Nk, Nq))": '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    dp = v @ do.transpose(-1, -2)
+    dv = p.transpose(-1, -2) @ do
+    return dp, dv''',
+        ".T on batched tensors (reverses every dimension)": '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    dp = do @ v.T
+    dv = p.T @ do
+    return dp, dv''',
+        "torch.autograd.grad through O = P V": '''# Exercise 5.2
+import torch
+def grads_through_pv(p, v, do):
+    p = p.clone().requires_grad_(True)
+    v = v.clone().requires_grad_(True)
+    return torch.autograd.grad(p @ v, (p, v), do)''',
+    },
+    "5.3": {
+        "D broadcast along the columns (D[None, :])": '''# Exercise 5.3
+def grad_scores(p, dp, D):
+    return p * (dp - D.unsqueeze(-2))''',
+        "forgets the D term": '''# Exercise 5.3
+def grad_scores(p, dp, D):
+    return p * dp''',
+        "operator precedence: P dP - D": '''# Exercise 5.3
+def grad_scores(p, dp, D):
+    return p * dp - D[..., None]''',
+    },
+    "5.4": {
+        "forgets the scale": '''# Exercise 5.4
+def grads_through_scores(ds, q, k, scale):
+    return ds @ k, ds.transpose(-1, -2) @ q''',
+        "dK from K instead of Q (scale dS^T K)": '''# Exercise 5.4
+def grads_through_scores(ds, q, k, scale):
+    dq = scale * ds @ k
+    dk = scale * ds.transpose(-1, -2) @ k
+    return dq, dk''',
+        "divides by the scale": '''# Exercise 5.4
+def grads_through_scores(ds, q, k, scale):
+    return ds @ k / scale, ds.transpose(-1, -2) @ q / scale''',
+    },
+    "5.5": {
+        "softmax of the tile instead of P from lse": '''# Exercise 5.5 (2 points)
+import torch
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    s = scale * q_i @ k_j.T
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    p = p / p.sum(-1, keepdim=True)
+    dp = do_i @ v_j.T
+    ds = p * (dp - D_i[:, None])
+    return dq_i + scale * ds @ k_j, dk_j + scale * ds.T @ q_i, dv_j + p.T @ do_i''',
+        "forgets the D term": '''# Exercise 5.5 (2 points)
+import torch
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
+    ds = p * (do_i @ v_j.T)
+    return dq_i + scale * ds @ k_j, dk_j + scale * ds.T @ q_i, dv_j + p.T @ do_i''',
+        "returns this tile's share, not the accumulators": '''# Exercise 5.5 (2 points)
+import torch
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
+    ds = p * (do_i @ v_j.T - D_i[:, None])
+    return scale * ds @ k_j, scale * ds.T @ q_i, p.T @ do_i''',
+        "autograd on the tile": '''# Exercise 5.5 (2 points)
+import torch
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q_i, k_j, v_j))
+    p = torch.exp(scale * q @ k.T - lse_i[:, None])
+    o = p @ v
+    loss = (o * do_i).sum() - (p * D_i[:, None]).sum()
+    gq, gk, gv = torch.autograd.grad(loss, (q, k, v))
+    return dq_i + gq, dk_j + gk, dv_j + gv''',
+    },
+    "5.6": {
+        "fixed numbers from the lesson's sizes": '''# Exercise 5.6
+def backward_reads(Nq, Nk, d, Br, Bc):
+    return 4096 * 128, 2 * 4096 * 128, 4096 * 128''',
+        "K counted once per query tile": '''# Exercise 5.6
+import math
+def backward_reads(Nq, Nk, d, Br, Bc):
+    Tr = math.ceil(Nq / Br)
+    return Tr * Nk * d, 2 * Tr * Nk * d, Nq * d''',
+        "the extra sweep not counted": '''# Exercise 5.6
+def backward_reads(Nq, Nk, d, Br, Bc):
+    return Nk * d, Nk * d, Nq * d''',
+        "calls the course's traffic formula": '''# Exercise 5.6
+from course_utils import backward as _b
+def backward_reads(Nq, Nk, d, Br, Bc):
+    f = getattr(_b, "backward_" + "traffic_" + "formula")
+    w, wo = f(Nq, Nk, d, Br, Bc)["reads"], f(Nq, Nk, d, Br, Bc, d_trick=False)["reads"]
+    return w["K"], wo["K"], w["O"]''',
+    },
+    "5.7": {
+        "the two schedules swapped": '''# Exercise 5.7
+row_wise = {"dQ": "outer", "dK": "inner", "dV": "inner"}
+column_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}''',
+        "dV treated like dQ": '''# Exercise 5.7
+row_wise = {"dQ": "inner", "dK": "outer", "dV": "inner"}
+column_wise = {"dQ": "outer", "dK": "inner", "dV": "outer"}''',
+        "everything inner": '''# Exercise 5.7
+row_wise = {"dQ": "inner", "dK": "inner", "dV": "inner"}
+column_wise = {"dQ": "inner", "dK": "inner", "dV": "inner"}''',
+    },
+}

@@ -1,0 +1,239 @@
+"""Wrong answers to problem set 6 (Triton forward), as learners write them."""
+
+_WRAPPER = '''
+
+
+def axpy(x, y, alpha, block=64):
+    out = torch.empty_like(x)
+    launch(axpy_kernel, (triton.cdiv(x.numel(), block),), x, y, out, alpha, x.numel(), BLOCK=block)
+    return out'''
+
+WRONG = {
+    "6.1": {
+        "loads masked, the store not": '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask, other=0.0)
+    y = tl.load(Y + offs, mask=mask, other=0.0)
+    tl.store(OUT + offs, alpha * x + y)''' + _WRAPPER,
+        "offsets without the program id (every program does block 0)": '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask)
+    y = tl.load(Y + offs, mask=mask)
+    tl.store(OUT + offs, alpha * x + y, mask=mask)''' + _WRAPPER,
+        "mask off by one (offs <= n)": '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs <= n
+    x = tl.load(X + offs, mask=mask, other=0.0)
+    y = tl.load(Y + offs, mask=mask, other=0.0)
+    tl.store(OUT + offs, alpha * x + y, mask=mask)''' + _WRAPPER,
+        "empty kernel, alpha * x + y in PyTorch": '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    pass
+
+
+def axpy(x, y, alpha, block=64):
+    return alpha * x + y''',
+    },
+    "6.2": {
+        "off-band with <= (the diagonal tile counted as unmasked)": '''# Exercise 6.2
+def causal_tile_counts(Nq, Nk, BM, BN):
+    off, visited, masked = Nk - Nq, 0, 0
+    for r0 in range(0, Nq, BM):
+        r1 = min(r0 + BM, Nq) - 1
+        for c0 in range(0, Nk, BN):
+            c1 = min(c0 + BN, Nk) - 1
+            if c0 <= r1 + off:
+                visited += 1
+                masked += not (c1 <= r0 + off)
+    return visited, masked''',
+        "top-left alignment (ignores Nk - Nq)": '''# Exercise 6.2
+def causal_tile_counts(Nq, Nk, BM, BN):
+    visited, masked = 0, 0
+    for r0 in range(0, Nq, BM):
+        r1 = min(r0 + BM, Nq) - 1
+        for c0 in range(0, Nk, BN):
+            c1 = min(c0 + BN, Nk) - 1
+            if c0 <= r1:
+                visited += 1
+                masked += not (c1 < r0)
+    return visited, masked''',
+        "the lesson's formula for divisible sizes": '''# Exercise 6.2
+def causal_tile_counts(Nq, Nk, BM, BN):
+    tiles = Nq // BM
+    return sum((i + 1) * (BM // BN) for i in range(tiles)), tiles * (BM // BN)''',
+        "counts on the whole mask (Nq x Nk memory)": '''# Exercise 6.2
+import torch
+def causal_tile_counts(Nq, Nk, BM, BN):
+    vis = torch.arange(Nk)[None, :] <= torch.arange(Nq)[:, None] + (Nk - Nq)
+    visited = masked = 0
+    for r0 in range(0, Nq, BM):
+        for c0 in range(0, Nk, BN):
+            t = vis[r0:r0 + BM, c0:c0 + BN]
+            if bool(t.any()):
+                visited += 1
+                masked += not bool(t.all())
+    return visited, masked''',
+    },
+    "6.3": {
+        "ln 2 instead of log2 e": '''# Exercise 6.3
+import math
+def qk_scale_for(head_dim, sm_scale=None):
+    if sm_scale is None:
+        sm_scale = 1 / math.sqrt(head_dim)
+    return sm_scale * math.log(2)''',
+        "1 / d instead of 1 / sqrt(d)": '''# Exercise 6.3
+import math
+def qk_scale_for(head_dim, sm_scale=None):
+    if sm_scale is None:
+        sm_scale = 1 / head_dim
+    return sm_scale * math.log2(math.e)''',
+        "ignores the given softmax scale": '''# Exercise 6.3
+import math
+def qk_scale_for(head_dim, sm_scale=None):
+    return math.log2(math.e) / math.sqrt(head_dim)''',
+        "divides by log2 e": '''# Exercise 6.3
+import math
+def qk_scale_for(head_dim, sm_scale=None):
+    if sm_scale is None:
+        sm_scale = 1 / math.sqrt(head_dim)
+    return sm_scale / math.log2(math.e)''',
+    },
+    "6.4": {
+        "acc not rescaled": '''# Exercise 6.4
+@triton.jit
+def online_update(m, l, acc, s, v):
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc + tl.dot(p, v)
+    return m_new, l, acc''',
+        "l not rescaled": '''# Exercise 6.4
+@triton.jit
+def online_update(m, l, acc, s, v):
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p, v)
+    return m_new, l, acc''',
+        "no running maximum (exp2 of the raw scores)": '''# Exercise 6.4
+@triton.jit
+def online_update(m, l, acc, s, v):
+    p = tl.exp2(s)
+    l = l + tl.sum(p, 1)
+    acc = acc + tl.dot(p, v)
+    return m, l, acc''',
+        "exp instead of exp2 on base-2 scores": '''# Exercise 6.4
+@triton.jit
+def online_update(m, l, acc, s, v):
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p, v)
+    return m_new, l, acc''',
+    },
+    "6.5": {
+        "off-band with <= (not lesson 6's definition)": '''# Exercise 6.5
+def tile_kind(r0, r1, c0, c1, offset=0):
+    if c1 <= r0 + offset:
+        return "off-band"
+    if c0 > r1 + offset:
+        return "skipped"
+    return "on-band"''',
+        "ignores the offset": '''# Exercise 6.5
+def tile_kind(r0, r1, c0, c1, offset=0):
+    if c1 < r0:
+        return "off-band"
+    if c0 > r1:
+        return "skipped"
+    return "on-band"''',
+        "first and last rows swapped": '''# Exercise 6.5
+def tile_kind(r0, r1, c0, c1, offset=0):
+    if c1 < r1 + offset:
+        return "off-band"
+    if c0 > r0 + offset:
+        return "skipped"
+    return "on-band"''',
+        "a lookup table of the lesson's tiles": '''# Exercise 6.5
+def tile_kind(r0, r1, c0, c1, offset=0):
+    table = {(64, 127, 0, 63): "off-band", (64, 127, 64, 95): "on-band",
+             (64, 127, 127, 190): "on-band", (64, 127, 128, 191): "skipped",
+             (64, 127, 0, 64): "on-band"}
+    return table.get((r0, r1, c0, c1), "on-band")''',
+        "brute force over the tile's mask": '''# Exercise 6.5
+import torch
+def tile_kind(r0, r1, c0, c1, offset=0):
+    vis = torch.arange(c0, c1 + 1)[None, :] <= torch.arange(r0, r1 + 1)[:, None] + offset
+    if not bool(vis.any()):
+        return "skipped"
+    return "off-band" if bool(vis.all()) else "on-band"''',
+    },
+}
+
+_FA2 = '''# Exercise 6.6 (2 points)
+@triton.jit
+def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    row_ok = rows < NQ
+    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    shift = NK - NQ
+    end = NK
+    if CAUSAL:
+        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_ok = cols < NK
+        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + shift)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v)
+        m = m_new
+    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
+    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
+
+
+def _variant(old: str, new: str) -> str:
+    if old not in _FA2:
+        raise ValueError(f"wrong-answer template: {old!r} not found")
+    return _FA2.replace(old, new)
+
+
+WRONG["6.6"] = {
+    "acc not rescaled": _variant("acc = acc * alpha[:, None] + tl.dot(p, v)", "acc = acc + tl.dot(p, v)"),
+    "top-left causal mask": _variant("keep = keep & (cols[None, :] <= rows[:, None] + shift)",
+                                     "keep = keep & (cols[None, :] <= rows[:, None])"),
+    "lse left in base 2": _variant("(m + tl.log2(l)) * 0.6931471805599453", "m + tl.log2(l)"),
+    "O stored without the row mask": _variant(
+        "acc / l[:, None], mask=row_ok[:, None])", "acc / l[:, None])"),
+    "K and V loaded without a mask": _variant(
+        "mask=col_ok[:, None], other=0.0)\n        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)",
+        ")\n        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :])"),
+    "causal band ends at the first row's diagonal": _variant(
+        "(tl.program_id(0) + 1) * BLOCK_M + shift)", "tl.program_id(0) * BLOCK_M + shift + 1)"),
+}

@@ -1,0 +1,213 @@
+"""Wrong answers to problem set 8 (Hopper schedules, FP8, profiles), as learners write them."""
+
+WRONG = {
+    "8.1": {
+        "releases before the op that reads the slot": '''# Exercise 8.1
+import copy
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program = []
+        for ins in wg.program:
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    program.append(sim.Arrive(f"{buf[0].lower()}_empty[{buf[2:-1]}]"))
+            program.append(ins)
+        wg.program = program
+    return fixed''',
+        "all releases at the end of the program": '''# Exercise 8.1
+import copy
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        tail = []
+        for ins in wg.program:
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    tail.append(sim.Arrive(f"{buf[0].lower()}_empty[{buf[2:-1]}]"))
+        wg.program = list(wg.program) + tail
+    return fixed''',
+        "releases K only": '''# Exercise 8.1
+import copy
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program = []
+        for ins in wg.program:
+            program.append(ins)
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    if buf.startswith("K"):
+                        program.append(sim.Arrive(f"k_empty[{buf[2:-1]}]"))
+        wg.program = program
+    return fixed''',
+        "edits the given schedule in place": '''# Exercise 8.1
+def add_releases(schedule):
+    for wg in schedule.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program = []
+        for ins in wg.program:
+            program.append(ins)
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    program.append(sim.Arrive(f"{buf[0].lower()}_empty[{buf[2:-1]}]"))
+        wg.program = program
+    return schedule''',
+        "rebuilds the intended schedule with build_schedule": '''# Exercise 8.1
+def add_releases(schedule):
+    blocks = sum(1 for i in schedule.warpgroups[1].program
+                 if isinstance(i, sim.Op) and i.label.startswith("S"))
+    return sim.build_schedule(schedule.name, n_blocks=blocks)''',
+    },
+    "8.2": {
+        "ignores the register budget (a schedule that does not fit)": '''# Exercise 8.2
+def choose(D, Bc):
+    best, best_t = None, -1.0
+    for name in sim.SCHEDULE_NAMES:
+        t = sim.simulate(sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8), check_registers=False).tflops
+        if t > best_t:
+            best, best_t = name, t
+    return best''',
+        "always FlashAttention-3's schedule": '''# Exercise 8.2
+def choose(D, Bc):
+    return "fa3"''',
+        "the slowest schedule that fits": '''# Exercise 8.2
+def choose(D, Bc):
+    worst, worst_t = None, float("inf")
+    for name in sim.SCHEDULE_NAMES:
+        try:
+            t = sim.simulate(sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8)).tflops
+        except sim.RegisterBudgetError:
+            continue
+        if t < worst_t:
+            worst, worst_t = name, t
+    return worst''',
+        "the checks' own answer": '''# Exercise 8.2
+from course_utils.hopper import checks as _c
+def choose(D, Bc):
+    return _c.best_feasible_schedule(D, Bc)''',
+    },
+    "8.3": {
+        "max instead of max |x| (a negative outlier)": '''# Exercise 8.3
+def quantize_block(x):
+    scale = x.max() / fp8.FP8_MAX
+    return (x / scale).to(fp8.FP8_DTYPE), scale''',
+        "the scale inverted": '''# Exercise 8.3
+def quantize_block(x):
+    scale = fp8.FP8_MAX / x.abs().max()
+    return (x * scale).to(fp8.FP8_DTYPE), scale''',
+        "casts without dividing by the scale": '''# Exercise 8.3
+def quantize_block(x):
+    scale = x.abs().max() / fp8.FP8_MAX
+    return x.to(fp8.FP8_DTYPE), scale''',
+        "the course's block quantiser": '''# Exercise 8.3
+def quantize_block(x):
+    x8, s = fp8.quantize_fp8_blocks(x[None, None], x.shape[-2])
+    return x8[0, 0], s.reshape(-1)[0]''',
+    },
+    "8.4": {
+        "rotates Q only": '''# Exercise 8.4
+def dq(x):
+    x8, s = quantize_block(x)
+    return x8.float() * s
+
+rmse_plain = fp8.rmse(dq(qb) @ dq(kb).T, S)
+rmse_hadamard = fp8.rmse(dq(qb @ h) @ dq(kb).T, S)
+ratio_8_4 = rmse_plain / rmse_hadamard''',
+        "error of the blocks, not of the scores": '''# Exercise 8.4
+def dq(x):
+    x8, s = quantize_block(x)
+    return x8.float() * s
+
+rmse_plain = fp8.rmse(dq(qb), qb)
+rmse_hadamard = fp8.rmse(dq(qb @ h), qb @ h)
+ratio_8_4 = rmse_plain / rmse_hadamard''',
+        "ratio inverted": '''# Exercise 8.4
+def dq(x):
+    x8, s = quantize_block(x)
+    return x8.float() * s
+
+rmse_plain = fp8.rmse(dq(qb) @ dq(kb).T, S)
+rmse_hadamard = fp8.rmse(dq(qb @ h) @ dq(kb @ h).T, S)
+ratio_8_4 = rmse_hadamard / rmse_plain''',
+    },
+    "8.5": {
+        "'selected' taken for a stall, memory-bound": '''# Exercise 8.5
+_mine = profile["_attn_fwd_kernel"]
+top_stall_8_5 = "selected"
+bottleneck_8_5 = "memory"
+fix_8_5 = "bigger_tiles"
+predicted_ms_8_5 = _mine["ms"] / 2''',
+        "tensor-bound, prediction from the ratio of times": '''# Exercise 8.5
+_mine = profile["_attn_fwd_kernel"]
+top_stall_8_5 = "barrier"
+bottleneck_8_5 = "tensor"
+fix_8_5 = "pingpong"
+predicted_ms_8_5 = profile["_attn_fwd_gluon_pp"]["ms"]''',
+        "prediction with the utilisations upside down": '''# Exercise 8.5
+_mine = profile["_attn_fwd_kernel"]
+top_stall_8_5 = "barrier"
+bottleneck_8_5 = "sync"
+fix_8_5 = "pingpong"
+predicted_ms_8_5 = _mine["ms"] * profile["_attn_fwd_gluon_pp"]["tensor_pct"] / _mine["tensor_pct"] / 2''',
+        "right diagnosis, wrong fix": '''# Exercise 8.5
+_mine = profile["_attn_fwd_kernel"]
+top_stall_8_5 = "barrier"
+bottleneck_8_5 = "sync"
+fix_8_5 = "fp32_accumulate"
+predicted_ms_8_5 = _mine["ms"] * _mine["tensor_pct"] / profile["_attn_fwd_gluon_pp"]["tensor_pct"]''',
+    },
+    "8.6": {
+        "one barrier completion per block of the ring (j + 1)": '''# Exercise 8.6
+def full_count(j, stages):
+    return j + 1
+
+
+def empty_count(j, stages, consumers):
+    return consumers * (j // stages)
+
+
+def phase_parity(j, stages):
+    return (j // stages) % 2''',
+        "full count off by one: reads before the copy lands": '''# Exercise 8.6
+def full_count(j, stages):
+    return j // stages
+
+
+def empty_count(j, stages, consumers):
+    return consumers * (j // stages)
+
+
+def phase_parity(j, stages):
+    return (j // stages) % 2''',
+        "empty count without the consumers": '''# Exercise 8.6
+def full_count(j, stages):
+    return j // stages + 1
+
+
+def empty_count(j, stages, consumers):
+    return j // stages
+
+
+def phase_parity(j, stages):
+    return (j // stages) % 2''',
+        "parity flips every block": '''# Exercise 8.6
+def full_count(j, stages):
+    return j // stages + 1
+
+
+def empty_count(j, stages, consumers):
+    return consumers * (j // stages)
+
+
+def phase_parity(j, stages):
+    return j % 2''',
+    },
+}

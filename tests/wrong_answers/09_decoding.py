@@ -1,0 +1,144 @@
+"""Wrong answers to problem set 9 (decoding), as learners write them."""
+
+WRONG = {
+    "9.1": {
+        "counts only K": '''# Exercise 9.1
+def kv_bytes(batch, kv_heads, cache_len, head_dim, bytes_per_elem):
+    return batch * kv_heads * cache_len * head_dim * bytes_per_elem''',
+        "the lesson's number for every size": '''# Exercise 9.1
+def kv_bytes(batch, kv_heads, cache_len, head_dim, bytes_per_elem):
+    return 2 * 4 * 8 * 8192 * 128 * 2''',
+        "returns megabytes as a float": '''# Exercise 9.1
+def kv_bytes(batch, kv_heads, cache_len, head_dim, bytes_per_elem):
+    return 2 * batch * kv_heads * cache_len * head_dim * bytes_per_elem / 1e6''',
+        "calls the course's byte count": '''# Exercise 9.1
+from course_utils import decoding
+def kv_bytes(batch, kv_heads, cache_len, head_dim, bytes_per_elem):
+    return getattr(decoding, "kv_bytes_" + "per_step")(batch, kv_heads, cache_len, head_dim,
+                                                       bytes_per_elem)''',
+    },
+    "9.2": {
+        "counts the query heads' bytes": '''# Exercise 9.2
+def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
+    return (4 * q_heads * new_tokens) / (2 * q_heads * bytes_per_elem)''',
+        "forgets that both K and V are read": '''# Exercise 9.2
+def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
+    return (4 * q_heads * new_tokens) / (kv_heads * bytes_per_elem)''',
+        "2 FLOPs per key instead of 4": '''# Exercise 9.2
+def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
+    return (2 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem)''',
+    },
+    "9.3": {
+        "top-left mask (token t at position t)": '''# Exercise 9.3
+import torch
+def bottom_right_mask(nq, nk):
+    return torch.arange(nk)[None, :] <= torch.arange(nq)[:, None]''',
+        "strict inequality: a token cannot see itself": '''# Exercise 9.3
+import torch
+def bottom_right_mask(nq, nk):
+    return torch.arange(nk)[None, :] < torch.arange(nq)[:, None] + (nk - nq)''',
+        "offset with the wrong sign": '''# Exercise 9.3
+import torch
+def bottom_right_mask(nq, nk):
+    return torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nq - nk)''',
+        "float mask of 0 and -inf": '''# Exercise 9.3
+import torch
+def bottom_right_mask(nq, nk):
+    keep = torch.arange(nk)[None, :] <= torch.arange(nq)[:, None] + (nk - nq)
+    return torch.zeros(nq, nk).masked_fill(~keep, float("-inf"))''',
+    },
+    "9.4": {
+        "wrong GQA head: h % Hkv (repeat instead of repeat_interleave)": '''# Exercise 9.4
+import math, torch
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    group = hq // k_cache.shape[1]
+    k = k_cache.float().repeat(1, group, 1, 1)
+    v = v_cache.float().repeat(1, group, 1, 1)
+    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
+    L = k.shape[2]
+    keep = torch.arange(L)[None, :] <= torch.arange(nq)[:, None] + (L - nq)
+    s = s.masked_fill(~keep, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p @ v / p.sum(-1, keepdim=True)).to(q.dtype)''',
+        "top-left mask": '''# Exercise 9.4
+import math, torch
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    group = hq // k_cache.shape[1]
+    k = k_cache.float().repeat_interleave(group, dim=1)
+    v = v_cache.float().repeat_interleave(group, dim=1)
+    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
+    keep = torch.arange(k.shape[2])[None, :] <= torch.arange(nq)[:, None]
+    s = s.masked_fill(~keep, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p @ v / p.sum(-1, keepdim=True)).to(q.dtype)''',
+        "SDPA with enable_gqa": '''# Exercise 9.4
+import torch
+import torch.nn.functional as F
+def decode_attention_gqa(q, k_cache, v_cache):
+    nq, L = q.shape[2], k_cache.shape[2]
+    keep = torch.arange(L)[None, :] <= torch.arange(nq)[:, None] + (L - nq)
+    return F.scaled_dot_product_attention(q.float(), k_cache.float(), v_cache.float(),
+                                          attn_mask=keep, enable_gqa=True).to(q.dtype)''',
+        "no max subtracted (overflows on large scores)": '''# Exercise 9.4
+import math, torch
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    group = hq // k_cache.shape[1]
+    k = k_cache.float().repeat_interleave(group, dim=1)
+    v = v_cache.float().repeat_interleave(group, dim=1)
+    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
+    L = k.shape[2]
+    keep = torch.arange(L)[None, :] <= torch.arange(nq)[:, None] + (L - nq)
+    p = torch.exp(s).masked_fill(~keep, 0.0)
+    return (p @ v / p.sum(-1, keepdim=True)).to(q.dtype)''',
+    },
+    "9.5": {
+        "rescales l but not acc": '''# Exercise 9.5
+import torch
+def merge_partials(m, l, acc):
+    m_all = m.amax(dim=0)
+    w = torch.exp(m - m_all)
+    l_all = (w * l).sum(dim=0)
+    return acc.sum(dim=0) / l_all[..., None], m_all + torch.log(l_all)''',
+        "averages the chunks' normalised outputs": '''# Exercise 9.5
+import torch
+def merge_partials(m, l, acc):
+    m_all = m.amax(dim=0)
+    l_all = (torch.exp(m - m_all) * l).sum(dim=0)
+    o = (acc / l[..., None]).nan_to_num(0.0)
+    n = (l > 0).sum(dim=0)
+    return o.sum(dim=0) / n[..., None], m_all + torch.log(l_all)''',
+        "exp(m) without the common maximum": '''# Exercise 9.5
+import torch
+def merge_partials(m, l, acc):
+    w = torch.exp(m)
+    l_all = (w * l).sum(dim=0)
+    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
+    return o, torch.log(l_all)''',
+        "lesson 3's merge_states": '''# Exercise 9.5
+from course_utils.attention import AttentionState, merge_states
+def merge_partials(m, l, acc):
+    s = AttentionState(m=m[0], l=l[0], acc=acc[0])
+    for c in range(1, m.shape[0]):
+        s = merge_states(s, AttentionState(m=m[c], l=l[c], acc=acc[c]))
+    return s.output, s.lse''',
+    },
+    "9.6": {
+        "rounds the wanted count down": '''# Exercise 9.6
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    return max(1, min(4 * num_sms // (batch * kv_heads), cache_len // 512))''',
+        "no lower bound of one": '''# Exercise 9.6
+import math
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    return min(math.ceil(4 * num_sms / (batch * kv_heads)), cache_len // 512)''',
+        "ignores the batch and heads": '''# Exercise 9.6
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    return max(1, min(4 * num_sms, cache_len // 512))''',
+        "calls the course's rule": '''# Exercise 9.6
+from course_utils import triton_decode as td
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    return td.choose_num_splits(batch, kv_heads, cache_len, num_sms=num_sms)''',
+    },
+}

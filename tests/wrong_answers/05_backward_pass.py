@@ -113,8 +113,8 @@ def backward_reads(Nq, Nk, d, Br, Bc):
 from course_utils import backward as _b
 def backward_reads(Nq, Nk, d, Br, Bc):
     f = getattr(_b, "backward_" + "traffic_" + "formula")
-    w, wo = f(Nq, Nk, d, Br, Bc)["reads"], f(Nq, Nk, d, Br, Bc, d_trick=False)["reads"]
-    return w["K"], wo["K"], w["O"]''',
+    w, wo = f(Nq, Nk, d, Br, Bc), f(Nq, Nk, d, Br, Bc, d_trick=False)
+    return w["K reads"], wo["K reads"], w["O reads"]''',
     },
     "5.7": {
         "the two schedules swapped": '''# Exercise 5.7

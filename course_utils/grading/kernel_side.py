@@ -130,15 +130,7 @@ def _raised(e):
 
 
 # --------------------------------------------------------------------------- values as data
-@dataclasses.dataclass
-class Tile:
-    """A tile of the Triton CPU interpreter (``triton.language.tensor``) as data:
-    its element type, its block shape (``None`` for a scalar) and its values as bytes."""
-    dtype: str
-    shape: list | None
-    np_dtype: str
-    data_shape: list
-    data: torch.Tensor
+Tile = codec.Tile   # the record type a tile travels as (defined with the codec, which builds it)
 
 
 def _triton_types():
@@ -395,11 +387,8 @@ class _Replay:
             return _from_data(out["returned"])
         msg = str(out.get("message", ""))
         for name in out.get("raised") or []:
-            try:
-                cls = codec.resolve(name)
-            except Exception:  # noqa: BLE001 - a class of the student's: try its bases
-                continue
-            if isinstance(cls, type) and issubclass(cls, Exception):
+            cls = codec.exception_class(name)   # a class of the student's: try its bases
+            if cls is not None:
                 try:
                     exc = cls(msg)
                 except Exception:  # noqa: BLE001

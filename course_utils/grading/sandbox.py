@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,8 @@ class Sandbox:
             {sys.prefix, sys.base_prefix, str(self.stage)})
         self.memory = int(memory_mb) * 2**20
         self.cpu = int(cpu_seconds)
+        self._live = {}                     # pid -> marker token of each run in progress
+        self._lock = threading.Lock()
 
     def _limits(self):
         lim = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": 2**30, "RLIMIT_CPU": self.cpu,
@@ -193,6 +196,8 @@ class Sandbox:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        with self._lock:
+            self._live[proc.pid] = token
         finished = True
         try:
             proc.wait(timeout=wall)
@@ -204,7 +209,18 @@ class Sandbox:
             with contextlib.suppress(Exception):
                 proc.wait(timeout=30)
             sweep(token)
+            with self._lock:
+                self._live.pop(proc.pid, None)
         return finished
+
+    def kill_all(self):
+        """Stop every run still in progress (after an interruption) and all it started."""
+        with self._lock:
+            live = dict(self._live)
+        for pid, token in live.items():
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            sweep(token)
 
 
 def sweep(token: str, passes: int = 5) -> list:

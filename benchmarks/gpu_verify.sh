@@ -1,20 +1,48 @@
 #!/usr/bin/env bash
-# Every correctness check that needs a CUDA GPU, in one go, from the repository root:
+# Every check that needs a CUDA GPU, from the repository root, in two parts that each fit
+# in ten minutes on an H100:
 #
-#     bash benchmarks/gpu_verify.sh [LOG_DIR]
+#     bash benchmarks/gpu_verify.sh kernels  [LOG_DIR]   # doctor, kernels at real sizes,
+#                                                         # GPU-marked tests, every lesson
+#                                                         # under nbval, lessons saved executed
+#     bash benchmarks/gpu_verify.sh problems [LOG_DIR]   # every solution under nbval, every
+#                                                         # exercise must fail its checks, every
+#                                                         # problem set graded by course-grade
+#     bash benchmarks/gpu_verify.sh all      [LOG_DIR]
 #
-# 1. the environment report (python -m course_utils doctor);
-# 2. the Triton attention kernels of lessons 6-7 at real sizes, one fixed config, then
-#    the large cases again through the autotuner;
-# 3. the GPU-marked pytest tests (lessons 6-9);
-# 4. the decoding (lesson 9) and Hopper (lesson 8) checks at real sizes.
-# Each step's log goes to LOG_DIR (default: artifacts/gpu); the summary is printed last
-# and the exit status is non-zero if any step failed.
+# A GPU machine without Jupyter, nbval or ipywidgets (and no package index) can take them
+# from a folder of wheels, ./.wheelhouse, made beforehand on a machine with an index:
+#     python -m pip download --only-binary=:all: --python-version 3.12 ... -d .wheelhouse \
+#         nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
+#         pytest-xdist hypothesis tqdm jupyter_client
+# They are installed into a side folder on PYTHONPATH, so the machine's own torch and
+# Triton stay in use.
+#
+# Each step's log goes to LOG_DIR (default: artifacts/gpu); lessons executed on the GPU
+# (outputs kept, for the static site: python -m course_utils.site build --no-execute
+# --src LOG_DIR/executed) go to LOG_DIR/executed. The summary is printed last and the exit
+# status is non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-logs=${1:-artifacts/gpu}
+part=${1:-all}
+logs=${2:-artifacts/gpu}
+case "$part" in kernels|problems|all) ;; *) echo "usage: $0 kernels|problems|all [LOG_DIR]" >&2; exit 2;; esac
 mkdir -p "$logs"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+extra=${COURSE_EXTRA_SITE:-/tmp/course-extra}
+if ! python3 -c "import nbval, ipywidgets, nbclient" 2>/dev/null; then
+    if [ -d .wheelhouse ]; then
+        python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" \
+            nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
+            pytest-xdist hypothesis tqdm jupyter_client >"$logs/install.log" 2>&1 \
+            || { echo "installing from .wheelhouse failed: see $logs/install.log"; exit 1; }
+        export PATH="$extra/bin:$PATH"
+        PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        echo "nbval/ipywidgets/nbclient are missing and there is no .wheelhouse folder" >&2
+    fi
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 summary=()
 step() {
     local name=$1; shift
@@ -22,15 +50,26 @@ step() {
     "$@" >"$logs/$name.log" 2>&1
     local rc=$?
     summary+=("$(printf '%-22s %-6s %4ss  %s' "$name" "$([ $rc = 0 ] && echo ok || echo FAIL:$rc)" $((SECONDS - t0)) "$*")")
-    tail -n 4 "$logs/$name.log"
+    tail -n 3 "$logs/$name.log"
 }
-step doctor python3 -m course_utils doctor
-step attention env COURSE_TRITON_AUTOTUNE=0 python3 benchmarks/gpu_check_attention.py
-step attention_tuned env COURSE_TRITON_AUTOTUNE=1 python3 benchmarks/gpu_check_attention.py --quick
-step pytest_gpu python3 -m pytest -q -p no:cacheprovider -m "gpu or hopper" \
-    tests/test_triton_attention.py tests/test_decoding.py tests/test_hopper_kernels.py
-step decode python3 benchmarks/check_decode_gpu.py
-step hopper python3 benchmarks/check_hopper_gpu.py
+nb="-p no:cacheprovider -q -n 4 --dist loadfile --nbval-cell-timeout 300"
+if [ "$part" = kernels ] || [ "$part" = all ]; then
+    step doctor python3 -m course_utils doctor
+    step attention env COURSE_TRITON_AUTOTUNE=0 python3 benchmarks/gpu_check_attention.py
+    step attention_tuned env COURSE_TRITON_AUTOTUNE=1 python3 benchmarks/gpu_check_attention.py --quick
+    step pytest_gpu python3 -m pytest -q -p no:cacheprovider -m "gpu or hopper" tests --ignore=tests/browser
+    step decode python3 benchmarks/check_decode_gpu.py
+    step hopper python3 benchmarks/check_hopper_gpu.py
+    step nbval_lessons python3 -m pytest --nbval-lax notebooks $nb
+    step executed_lessons python3 -m course_utils.site build --out "$logs/site" --no-cache \
+        --jobs 4 --save-executed "$logs/executed"
+fi
+if [ "$part" = problems ] || [ "$part" = all ]; then
+    step nbval_solutions python3 -m pytest --nbval-lax solutions $nb
+    step exercises_fail python3 -m pytest -p no:cacheprovider -q -n 4 tests/test_exercises.py
+    step grading python3 -m pytest -p no:cacheprovider -q -n 4 --dist load \
+        tests/test_wrong_answers.py -k "scores_right_and_wrong"
+fi
 echo
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 ! printf '%s\n' "${summary[@]}" | grep -q FAIL

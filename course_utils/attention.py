@@ -3,17 +3,22 @@ FlashAttention-1 and FlashAttention-2 forwards.
 
 Shapes and defaults mirror ``torch.nn.functional.scaled_dot_product_attention``:
 
-* ``q`` is ``(B, Hq, Nq, D)``; ``k`` and ``v`` are ``(B, Hkv, Nk, D)`` with
-  ``Hq % Hkv == 0``. ``Hkv == Hq`` is multi-head attention (MHA), ``1 < Hkv < Hq``
-  grouped-query attention (GQA), ``Hkv == 1`` multi-query attention (MQA). Query
-  head ``h`` reads key/value head ``h // group`` with ``group = Hq // Hkv``.
-* ``is_causal=True`` is SDPA's top-left aligned mask: query ``i`` sees keys ``j <= i``.
+* ``q`` is ``(B, Hq, Nq, D)``; ``k`` and ``v`` are ``(B, Hkv, Nk, D)``; every option
+  is keyword-only. ``Hkv == Hq`` is multi-head attention (MHA); with
+  ``enable_gqa=True`` (as in SDPA), ``1 < Hkv < Hq`` is grouped-query attention (GQA)
+  and ``Hkv == 1`` multi-query attention (MQA). Query head ``h`` reads key/value head
+  ``h // group`` with ``group = Hq // Hkv``.
+* ``is_causal=True`` masks the future. ``alignment="causal_upper_left"`` (the default,
+  SDPA's ``is_causal``): query ``i`` sees keys ``j <= i``; ``"causal_lower_right"``
+  (decoding, flash-attn): ``j <= i + Nk - Nq``. The pictures are in
+  :mod:`course_utils.contract`, which validates every call.
 * ``scale`` defaults to ``1 / sqrt(D)``.
 * ``return_lse=True`` also returns the natural-log log-sum-exp of each score row,
-  float32, shape ``(B, Hq, Nq)``.
+  shape ``(B, Hq, Nq)``: float32 (float64 for float64 inputs).
 
 Numerics: float16 / bfloat16 / float32 inputs are computed with float32
 accumulators (float64 inputs with float64) and the output has the input dtype.
+A row that sees no key at all (lower-right with ``Nq > Nk``) gives 0 and ``lse = -inf``.
 
 The running state of one query row is ``(m, l, acc)``: the largest score seen,
 the sum of ``exp(s - m)`` and the un-normalised weighted sum of value rows
@@ -28,10 +33,13 @@ measured traffic next to the formulas of :func:`traffic_formula`.
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 from dataclasses import dataclass, field
 
 import torch
+
+from course_utils.contract import AttentionShape, validate_attention
+from course_utils.tracker import AllocationTracker  # noqa: F401  (lessons 3-5 import it here)
+from course_utils.constants import CAUSAL_LOWER_RIGHT, CAUSAL_UPPER_LEFT  # noqa: F401
 
 __all__ = [
     "AttentionShape", "validate_attention_inputs", "naive_attention",
@@ -39,7 +47,7 @@ __all__ = [
     "AttentionState", "merge_states", "state_from_scores", "finalize_state",
     "TrafficCounter", "traffic_formula", "tile_schedule", "visible_tile",
     "tolerance_for", "DEFAULT_BLOCK", "AllocationTracker", "fa2_variant",
-    "check_attention_fn",
+    "check_attention_fn", "CAUSAL_UPPER_LEFT", "CAUSAL_LOWER_RIGHT",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -48,63 +56,14 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # CPU, small enough that long sequences are really tiled.
 DEFAULT_BLOCK = 64
 
-AttentionShape = namedtuple("AttentionShape", "B Hq Hkv Nq Nk D scale group")
-AttentionShape.__doc__ = ("Sizes of one attention call: batch, query heads, key/value heads, "
-                          "query length, key length, head dim, softmax scale, group = Hq // Hkv.")
-
-
 # --------------------------------------------------------------------------- inputs
-def validate_attention_inputs(q, k, v, *, is_causal=False, scale=None) -> AttentionShape:
-    """Check ``q``, ``k``, ``v`` (and ``is_causal``, ``scale``) before any work.
-
-    Raises ``TypeError`` for a wrong type or dtype and ``ValueError`` for a wrong
-    shape, head count, device or scale, naming the argument and the expected form.
-    Returns an :class:`AttentionShape`.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        form = "(B, Hq, Nq, D)" if name == "q" else "(B, Hkv, Nk, D)"
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape {form}, "
-                            f"got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D with shape {form}, got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name} must have a floating dtype (float16, bfloat16, float32 or "
-                            f"float64), got {t.dtype}")
-        if any(s <= 0 for s in t.shape):
-            raise ValueError(f"{name} must have every size >= 1 in {form}, "
-                             f"got shape {tuple(t.shape)}")
-    b, hq, nq, d = q.shape
-    bk, hkv, nk, dk = k.shape
-    if bk != b:
-        raise ValueError(f"k has batch size {bk} but q has {b}: k must be (B, Hkv, Nk, D) "
-                         f"with B = {b}")
-    if dk != d:
-        raise ValueError(f"k has head dim {dk} but q has {d}: k must be (B, Hkv, Nk, D) "
-                         f"with D = {d}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have k's shape (B, Hkv, Nk, D) = {tuple(k.shape)}, got "
-                         f"{tuple(v.shape)} (check v's batch, heads, length and head dim)")
-    if hq % hkv != 0:
-        raise ValueError(f"q's head count Hq={hq} must be a multiple of k's and v's head count "
-                         f"Hkv={hkv} (Hq % Hkv == 0 for MHA, GQA and MQA)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, "
-                        f"v {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got q on {q.device}, k on "
-                         f"{k.device}, v on {v.device}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a positive float or None, got {type(scale).__name__}")
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
-        scale = float(scale)
-    return AttentionShape(b, hq, hkv, nq, nk, d, scale, hq // hkv)
+def validate_attention_inputs(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                              alignment=None, impl="naive") -> AttentionShape:
+    """Check ``q``, ``k``, ``v`` and the options before any work: the course's one
+    validator, :func:`course_utils.contract.validate_attention`. Returns an
+    :class:`~course_utils.contract.AttentionShape`."""
+    return validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                              alignment=alignment, impl=impl)
 
 
 def _check_block(name, value):
@@ -130,25 +89,27 @@ def _grouped(q, shape):
 
 
 # --------------------------------------------------------------------------- reference
-def naive_attention(q, k, v, is_causal=False, scale=None, return_lse=False):
+def naive_attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                    return_lse=False):
     """Textbook attention: build the full ``Nq x Nk`` score matrix, softmax it,
     multiply by ``V``. The reference every other implementation is checked against.
     Its memory grows as ``Nq * Nk``, which is what lesson 4 is about."""
-    sh = validate_attention_inputs(q, k, v, is_causal=is_causal, scale=scale)
+    sh = validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            alignment=alignment, impl="naive")
     work = _work_dtype(q.dtype)
     qg = _grouped(q.to(work), sh)                        # (B, Hkv, G, Nq, D)
     kk = k.to(work)[:, :, None]                          # (B, Hkv, 1, Nk, D)
     vv = v.to(work)[:, :, None]
     s = (qg @ kk.transpose(-1, -2)) * sh.scale           # (B, Hkv, G, Nq, Nk)
-    if is_causal:
+    if sh.is_causal:
         rows = torch.arange(sh.Nq, device=q.device)[:, None]
         cols = torch.arange(sh.Nk, device=q.device)[None, :]
-        s = s.masked_fill(cols > rows, float("-inf"))
+        s = s.masked_fill(cols > rows + sh.offset, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None])
+    p = torch.exp(s - _safe(lse)[..., None])          # a row with no key: p = 0, not NaN
     o = (p @ vv).reshape(sh.B, sh.Hq, sh.Nq, sh.D).to(q.dtype)
     if return_lse:
-        return o, lse.reshape(sh.B, sh.Hq, sh.Nq).float()
+        return o, lse.reshape(sh.B, sh.Hq, sh.Nq)
     return o
 
 
@@ -172,6 +133,11 @@ class AttentionState:
     @property
     def lse(self):
         return self.m + torch.log(self.l)
+
+
+def _nonzero(l):
+    # l = 0 only in a row that has seen no key: its acc is 0 too, and 0 / 1 = 0
+    return torch.where(l == 0, torch.ones_like(l), l)
 
 
 def _safe(m):
@@ -286,13 +252,14 @@ class TrafficCounter:
         return out
 
 
-def visible_tile(i, j, Br, Bc, Nq, is_causal):
+def visible_tile(i, j, Br, Bc, Nq, is_causal, *, offset=0):
     """True when query tile ``i`` must look at key tile ``j``: always without a mask;
-    with SDPA's causal mask, when the tile's first key ``j*Bc`` is at most its
-    last query row ``min((i+1)*Br, Nq) - 1`` (absolute indices)."""
+    with a causal mask, when the tile's first key ``j*Bc`` is at most the last key its
+    last query row sees, ``min((i+1)*Br, Nq) - 1 + offset`` (absolute indices;
+    ``offset`` is 0 for upper-left, ``Nk - Nq`` for lower-right alignment)."""
     if not is_causal:
         return True
-    return j * Bc <= min((i + 1) * Br, Nq) - 1
+    return j * Bc <= min((i + 1) * Br, Nq) - 1 + offset
 
 
 def tile_schedule(order, Nq, Nk, Br, Bc, is_causal=False):
@@ -374,8 +341,10 @@ def traffic_formula(order, Nq, Nk, D, Br, Bc, *, B=1, H=1, is_causal=False,
 
 
 # --------------------------------------------------------------------------- tiled forwards
-def _prepare(q, k, v, is_causal, scale, Br, Bc, counter):
-    sh = validate_attention_inputs(q, k, v, is_causal=is_causal, scale=scale)
+def _prepare(q, k, v, is_causal, scale, Br, Bc, counter, enable_gqa=False, alignment=None,
+             impl="fa2"):
+    sh = validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            alignment=alignment, impl=impl)
     Br = _check_block("Br", Br)
     Bc = _check_block("Bc", Bc)
     if counter is not None and not isinstance(counter, TrafficCounter):
@@ -383,32 +352,34 @@ def _prepare(q, k, v, is_causal, scale, Br, Bc, counter):
     return sh, Br, Bc
 
 
-def _tile_scores(q_tile, k_tile, scale, i0, j0, is_causal):
+def _tile_scores(q_tile, k_tile, scale, i0, j0, is_causal, offset=0):
     """Scores of one tile, ``(B, Hkv, G, rows, cols)``, masked with absolute
     positions: row r of the tile is query ``i0 + r``, column c is key ``j0 + c``."""
     s = (q_tile @ k_tile.transpose(-1, -2)) * scale
     if is_causal:
         rows = i0 + torch.arange(s.shape[-2], device=s.device)[:, None]
         cols = j0 + torch.arange(s.shape[-1], device=s.device)[None, :]
-        s = s.masked_fill(cols > rows, float("-inf"))
+        s = s.masked_fill(cols > rows + offset, float("-inf"))
     return s
 
 
-def flash_attention_fa2(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
-                        return_lse=False, counter=None):
+def flash_attention_fa2(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                        alignment=None, Br=None, Bc=None, return_lse=False, counter=None):
     """FlashAttention-2 forward: the outer loop walks query tiles, the inner loop
     streams key/value tiles past a running state ``(m, l, acc)`` that stays
     "on chip"; each output tile is normalised once and written once.
 
     ``Br`` query rows and ``Bc`` keys per tile (default :data:`DEFAULT_BLOCK`).
     With ``counter`` (a :class:`TrafficCounter`) the HBM traffic is counted."""
-    sh, Br, Bc = _prepare(q, k, v, is_causal, scale, Br, Bc, counter)
+    sh, Br, Bc = _prepare(q, k, v, is_causal, scale, Br, Bc, counter, enable_gqa, alignment,
+                          "fa2")
+    is_causal, off = sh.is_causal, sh.offset
     work = _work_dtype(q.dtype)
     qg = _grouped(q, sh)
     heads = sh.B * sh.Hq
     o = torch.empty_like(q)
     og = _grouped(o, sh)
-    lse = torch.empty(sh.B, sh.Hkv, sh.group, sh.Nq, dtype=torch.float32, device=q.device)
+    lse = torch.empty(sh.B, sh.Hkv, sh.group, sh.Nq, dtype=work, device=q.device)
     for i0 in range(0, sh.Nq, Br):
         i1 = min(i0 + Br, sh.Nq)
         q_tile = qg[..., i0:i1, :].to(work)                          # load Q_i
@@ -419,7 +390,7 @@ def flash_attention_fa2(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
         acc = torch.zeros_like(q_tile)
         for j0 in range(0, sh.Nk, Bc):
             j1 = min(j0 + Bc, sh.Nk)
-            if is_causal and j0 > i1 - 1:
+            if is_causal and j0 > i1 - 1 + off:
                 # every key of this tile lies after every query row: skip, no loads
                 if counter is not None:
                     counter.tiles_skipped += 1
@@ -430,7 +401,7 @@ def flash_attention_fa2(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
                 counter.read("K", heads * (j1 - j0) * sh.D)
                 counter.read("V", heads * (j1 - j0) * sh.D)
                 counter.tiles_visited += 1
-            s = _tile_scores(q_tile, k_tile, sh.scale, i0, j0, is_causal)
+            s = _tile_scores(q_tile, k_tile, sh.scale, i0, j0, is_causal, off)
             m_new = torch.maximum(m, s.amax(dim=-1))
             ms = _safe(m_new)
             p = torch.exp(s - ms[..., None])
@@ -438,8 +409,8 @@ def flash_attention_fa2(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
             l = alpha * l + p.sum(dim=-1)
             acc = alpha[..., None] * acc + p @ v_tile
             m = m_new
-        og[..., i0:i1, :] = (acc / l[..., None]).to(q.dtype)          # store O_i once
-        lse[..., i0:i1] = (m + torch.log(l)).float()
+        og[..., i0:i1, :] = (acc / _nonzero(l)[..., None]).to(q.dtype)  # store O_i once
+        lse[..., i0:i1] = m + torch.log(l)
         if counter is not None:
             counter.write("O", heads * (i1 - i0) * sh.D)
             if return_lse:
@@ -449,15 +420,17 @@ def flash_attention_fa2(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
     return o
 
 
-def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
-                        return_lse=False, counter=None):
+def flash_attention_fa1(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                        alignment=None, Br=None, Bc=None, return_lse=False, counter=None):
     """FlashAttention-1 forward (Algorithm 1 of the paper): the outer loop walks
     key/value tiles, which stay "on chip"; the inner loop walks query tiles and
     round-trips each one's ``O``, ``l`` and ``m`` through "HBM" at every step.
     ``O`` in HBM is kept normalised after every step, as in the paper.
 
     Same arguments and result as :func:`flash_attention_fa2`."""
-    sh, Br, Bc = _prepare(q, k, v, is_causal, scale, Br, Bc, counter)
+    sh, Br, Bc = _prepare(q, k, v, is_causal, scale, Br, Bc, counter, enable_gqa, alignment,
+                          "fa1")
+    is_causal, off = sh.is_causal, sh.offset
     work = _work_dtype(q.dtype)
     qg = _grouped(q, sh)
     heads = sh.B * sh.Hq
@@ -471,7 +444,7 @@ def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
         counter.write("m", heads * sh.Nq)
     for j0 in range(0, sh.Nk, Bc):
         j1 = min(j0 + Bc, sh.Nk)
-        if is_causal and j0 > sh.Nq - 1:
+        if is_causal and j0 > sh.Nq - 1 + off:
             if counter is not None:
                 counter.tiles_skipped += -(-sh.Nq // Br)
             continue
@@ -482,7 +455,7 @@ def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
             counter.read("V", heads * (j1 - j0) * sh.D)
         for i0 in range(0, sh.Nq, Br):
             i1 = min(i0 + Br, sh.Nq)
-            if is_causal and j0 > i1 - 1:
+            if is_causal and j0 > i1 - 1 + off:
                 if counter is not None:
                     counter.tiles_skipped += 1
                 continue
@@ -497,7 +470,7 @@ def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
                 counter.read("l", n)
                 counter.read("m", n)
                 counter.tiles_visited += 1
-            s = _tile_scores(q_tile, k_tile, sh.scale, i0, j0, is_causal)
+            s = _tile_scores(q_tile, k_tile, sh.scale, i0, j0, is_causal, off)
             m_t = s.amax(dim=-1)                                      # tile max m~_ij
             p = torch.exp(s - _safe(m_t)[..., None])                  # P~_ij
             l_t = p.sum(dim=-1)                                       # l~_ij
@@ -507,7 +480,7 @@ def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
             a_new = torch.exp(m_t - ms)
             l_new = a_old * l_i + a_new * l_t
             o_new = ((l_i * a_old)[..., None] * o_i + a_new[..., None] * (p @ v_tile)) \
-                / l_new[..., None]
+                / _nonzero(l_new)[..., None]
             o_hbm[..., i0:i1, :] = o_new                              # write O_i, l_i, m_i
             l_hbm[..., i0:i1] = l_new
             m_hbm[..., i0:i1] = m_new
@@ -521,7 +494,7 @@ def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
             counter.read("l", heads * sh.Nq)
             counter.read("m", heads * sh.Nq)
             counter.write("lse", heads * sh.Nq)
-        lse = (m_hbm + torch.log(l_hbm)).float().reshape(sh.B, sh.Hq, sh.Nq)
+        lse = (m_hbm + torch.log(l_hbm)).reshape(sh.B, sh.Hq, sh.Nq)
         return o, lse
     return o
 
@@ -529,83 +502,14 @@ def flash_attention_fa1(q, k, v, is_causal=False, scale=None, Br=None, Bc=None,
 # --------------------------------------------------------------------------- tolerances
 def tolerance_for(dtype):
     """``(atol, rtol)`` the course uses to compare an attention output of ``dtype``
-    with SDPA or :func:`naive_attention` (computed from the same inputs).
+    with SDPA or :func:`naive_attention` (computed from the same inputs), in PyTorch:
+    :func:`course_utils.checks.tolerance` with ``op="attention"``.
 
     float32: both sides accumulate in float32 in a different order, errors are a
     few 1e-7 relative; float16 / bfloat16: the output itself is rounded to 11 / 8
     significant bits (unit roundoff about 5e-4 / 4e-3)."""
-    table = {torch.float64: (1e-10, 1e-10), torch.float32: (2e-5, 2e-5),
-             torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
-    if dtype not in table:
-        raise TypeError(f"dtype must be one of {list(table)}, got {dtype}")
-    return table[dtype]
-
-
-# --------------------------------------------------------------------------- memory
-class AllocationTracker:
-    """Watch every tensor PyTorch creates inside a ``with`` block (any device).
-
-    ``peak_bytes``: the most bytes of tensor storage alive at once that were
-    created inside the block (inputs made before it do not count), the CPU
-    counterpart of ``torch.cuda.max_memory_allocated``. ``shapes``: the shape of
-    every tensor an operation produced, in order, so a test can ask whether some
-    ``Nq x Nk`` matrix ever existed. Built on ``TorchDispatchMode``: each operator's
-    outputs are seen once, and a storage is counted as freed when Python drops its
-    last reference."""
-
-    def __init__(self):
-        self.peak_bytes = 0
-        self.current_bytes = 0
-        self.shapes = []
-        self._live = {}
-        self._mode = None
-
-    def _free(self, key):
-        n = self._live.pop(key, 0)
-        self.current_bytes -= n
-
-    def _see(self, t):
-        import weakref
-        self.shapes.append(tuple(t.shape))
-        st = t.untyped_storage()
-        key = id(st)
-        if key in self._live:
-            return
-        n = st.nbytes()
-        self._live[key] = n
-        self.current_bytes += n
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
-        weakref.finalize(st, self._free, key)
-
-    def largest(self):
-        """The shape with the most elements among everything produced (or ``()``)."""
-        return max(self.shapes, key=lambda s: math.prod(s), default=())
-
-    def saw_matrix(self, rows, cols):
-        """True when some produced tensor had ``rows x cols`` as its last two sizes."""
-        return any(len(s) >= 2 and s[-2:] == (rows, cols) for s in self.shapes)
-
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-        tracker = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor):
-                        tracker._see(t)
-                return out
-
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-        self._mode = None
-        return False
+    from course_utils.checks import tolerance
+    return tolerance(dtype, device="cpu", op="attention")
 
 
 # --------------------------------------------------------------------------- BREAK IT
@@ -621,7 +525,7 @@ def fa2_variant(q, k, v, Br=None, Bc=None, *, subtract_max=True, rescale=True,
     the exponentials and sums are computed in: pass ``torch.float16`` to see fp16
     overflow. ``trace``, a list, receives one dict per tile: ``i``, ``j``,
     ``max_s``, ``max_p``, ``max_l`` and ``p_inf`` / ``l_inf`` / ``acc_nan``."""
-    sh, Br, Bc = _prepare(q, k, v, False, None, Br, Bc, None)
+    sh, Br, Bc = _prepare(q, k, v, False, None, Br, Bc, None, enable_gqa=True)
     if trace is not None and not isinstance(trace, list):
         raise TypeError(f"trace must be a list or None, got {type(trace).__name__}")
     work = compute_dtype or _work_dtype(q.dtype)
@@ -687,7 +591,7 @@ def check_attention_fn(fn, *, is_causal=False, gqa=False, name="your attention",
         label = f"{name} (B={b}, Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, D={d})"
         check_shape(out, tuple(q.shape), name=label, quiet=True,
                     hint="the output has q's shape (B, Hq, Nq, D)")
-        ref = naive_attention(q, k, v, is_causal=is_causal)
+        ref = naive_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
         hint = _diagnose(out, q, k, v, is_causal)
         check_close(out, ref, atol=1e-5, rtol=1e-5, name=label, hint=hint, quiet=True)
     if not quiet:
@@ -701,7 +605,7 @@ def _diagnose(out, q, k, v, is_causal):
         return ("the output has NaN/inf: is the running max m initialised to -inf and "
                 "subtracted before exp? Does a fully masked tile divide 0 by 0?")
     if is_causal:
-        plain = naive_attention(q, k, v, is_causal=False)
+        plain = naive_attention(q, k, v, is_causal=False, enable_gqa=True)
         if torch.allclose(out, plain, atol=1e-5, rtol=1e-5):
             return "the output ignores the causal mask"
         return ("if only rows after the first query tile are wrong, the mask uses tile-relative "
@@ -710,7 +614,7 @@ def _diagnose(out, q, k, v, is_causal):
     if hq != hkv:
         g = hq // hkv
         wrong = torch.arange(hq) % hkv
-        alt = naive_attention(q, k[:, wrong], v[:, wrong])
+        alt = naive_attention(q, k[:, wrong], v[:, wrong], enable_gqa=True)
         if torch.allclose(out, alt, atol=1e-5, rtol=1e-5) and g > 1:
             return "query head h must read kv head h // (Hq // Hkv), not h % Hkv"
     return ("the values are off: when the running max grows, are both l and the accumulator "

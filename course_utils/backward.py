@@ -35,11 +35,11 @@ heads that share a key/value head all add into its ``dK`` and ``dV``.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from .attention import (DEFAULT_BLOCK, TrafficCounter, flash_attention_fa2, naive_attention,
-                        tile_schedule, validate_attention_inputs, visible_tile)
+                        tile_schedule, visible_tile)
+from .contract import validate_attention
+from .tracker import AllocationTracker
 
 __all__ = [
     "flash_attention_backward",
@@ -48,7 +48,7 @@ __all__ = [
     "attention_backward_reference",
     "autograd_reference",
     "backward_traffic_formula",
-    "AllocationRecorder",
+    "AllocationTracker",
 ]
 
 
@@ -64,10 +64,12 @@ def _check_block(value, name):
     return value
 
 
-def _check_grad_inputs(q, k, v, o, lse, do, is_causal, scale, Br, Bc, counter, d_trick):
+def _check_grad_inputs(q, k, v, o, lse, do, is_causal, scale, Br, Bc, counter, d_trick,
+                       enable_gqa=False, alignment=None):
     """Validate everything before any work; returns the sizes and the resolved tiles."""
-    B, Hq, Hkv, Nq, Nk, D, scale, group = validate_attention_inputs(
-        q, k, v, is_causal=is_causal, scale=scale)
+    sh = validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            alignment=alignment, impl="tiled_backward")
+    B, Hq, Hkv, Nq, Nk, D, scale, group = sh[:8]
     out_shape = (B, Hq, Nq, D)
     for name, t in (("o", o), ("do", do)):
         if not isinstance(t, torch.Tensor):
@@ -97,8 +99,7 @@ def _check_grad_inputs(q, k, v, o, lse, do, is_causal, scale, Br, Bc, counter, d
         raise TypeError(f"counter must be a TrafficCounter or None, got {type(counter).__name__}")
     if not isinstance(d_trick, bool):
         raise TypeError(f"d_trick must be True or False, got {d_trick!r}")
-    return (B, Hq, Hkv, Nq, Nk, D, scale, group,
-            DEFAULT_BLOCK if Br is None else Br, DEFAULT_BLOCK if Bc is None else Bc)
+    return (sh, DEFAULT_BLOCK if Br is None else Br, DEFAULT_BLOCK if Bc is None else Bc)
 
 
 def _acc_dtype(*tensors):
@@ -167,25 +168,27 @@ def backward_traffic_formula(Nq, Nk, D, Br, Bc, *, B=1, H=1, is_causal=False, d_
 
 # --------------------------------------------------------------------------- the pass
 
-def _tile_probs(q_i, k_j, lse_i, scale, causal, row0, col0):
+def _tile_probs(q_i, k_j, lse_i, scale, causal, row0, col0, offset=0):
     """Recompute ``P_ij = exp(scale * Q_i K_j^T - lse_i)`` for one tile.
 
     ``q_i``: (B, Hkv, g, br, D), ``k_j``: (B, Hkv, 1, bc, D), ``lse_i``: (B, Hkv, g, br).
-    Causal masking is top-left aligned: query row r sees key columns c <= r.
+    Causal masking: query row r sees key columns c <= r + offset (``offset`` 0 is
+    upper-left alignment, ``Nk - Nq`` lower-right).
     """
     s = torch.matmul(q_i, k_j.transpose(-1, -2)) * scale
     if causal:
         rows = torch.arange(row0, row0 + q_i.shape[-2], device=s.device)[:, None]
         cols = torch.arange(col0, col0 + k_j.shape[-2], device=s.device)[None, :]
-        s = s.masked_fill(cols > rows, float("-inf"))
+        s = s.masked_fill(cols > rows + offset, float("-inf"))
     # a row with lse = -inf has no visible key at all: its probabilities are 0, not NaN
     lse_i = lse_i[..., None]
     p = torch.exp(s - torch.where(torch.isinf(lse_i), torch.zeros_like(lse_i), lse_i))
     return torch.where(torch.isinf(lse_i), torch.zeros_like(p), p)
 
 
-def flash_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None, Br=None, Bc=None,
-                             counter=None, d_trick=True):
+def flash_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None,
+                             enable_gqa=False, alignment=None, Br=None, Bc=None, counter=None,
+                             d_trick=True):
     """Gradients ``(dq, dk, dv)`` of attention, computed tile by tile.
 
     Arguments follow :func:`course_utils.attention.flash_attention_fa2`: ``q`` is
@@ -202,8 +205,10 @@ def flash_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None, B
     back in the dtypes of ``q``, ``k`` and ``v``. No tensor of ``Nq x Nk``
     elements per head is ever created: only ``Br x Bc`` tiles.
     """
-    B, Hq, Hkv, Nq, Nk, D, scale, g, Br, Bc = _check_grad_inputs(
-        q, k, v, o, lse, do, is_causal, scale, Br, Bc, counter, d_trick)
+    sh, Br, Bc = _check_grad_inputs(q, k, v, o, lse, do, is_causal, scale, Br, Bc, counter,
+                                    d_trick, enable_gqa, alignment)
+    B, Hq, Hkv, Nq, Nk, D, scale, g = sh[:8]
+    is_causal, off = sh.is_causal, sh.offset
     acc = _acc_dtype(q, k, v, o, do)
     dev = q.device
 
@@ -220,13 +225,13 @@ def flash_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None, B
 
     def key_tiles():
         for j0 in range(0, Nk, Bc):
-            if is_causal and j0 > Nq - 1:
+            if is_causal and j0 > Nq - 1 + off:
                 return  # causal: no query row sees these keys; their dK, dV stay 0
             yield j0, min(j0 + Bc, Nk)
 
     def query_tiles(j0):
         for i0 in range(0, Nq, Br):
-            if visible_tile(i0 // Br, j0 // Bc, Br, Bc, Nq, is_causal):
+            if visible_tile(i0 // Br, j0 // Bc, Br, Bc, Nq, is_causal, offset=off):
                 if counter is not None:
                     counter.tiles_visited += 1
                 yield i0, min(i0 + Br, Nq)
@@ -254,7 +259,7 @@ def flash_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None, B
                 do_i = _read(counter, "dO", dog[..., i0:i1, :]).to(acc)
                 lse_i = _read(counter, "lse", lseg[..., i0:i1]).to(acc)
                 d_part = _read(counter, "D", Dg[..., i0:i1])
-                p = _tile_probs(q_i, k_j, lse_i, scale, is_causal, i0, j0)
+                p = _tile_probs(q_i, k_j, lse_i, scale, is_causal, i0, j0, off)
                 dp = torch.matmul(do_i, v_j.transpose(-1, -2))
                 Dg[..., i0:i1] = d_part + (p * dp).sum(-1)
                 _write(counter, "D", Dg[..., i0:i1])
@@ -271,7 +276,7 @@ def flash_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None, B
             lse_i = _read(counter, "lse", lseg[..., i0:i1]).to(acc)          # (B, Hkv, g, br)
             D_i = _read(counter, "D", Dg[..., i0:i1])
 
-            p = _tile_probs(q_i, k_j, lse_i, scale, is_causal, i0, j0)      # (B, Hkv, g, br, bc)
+            p = _tile_probs(q_i, k_j, lse_i, scale, is_causal, i0, j0, off)      # (B, Hkv, g, br, bc)
             # dV_j += P^T dO_i, summed over the query heads that share this V head
             dv_j += torch.matmul(p.transpose(-1, -2), do_i).sum(2)
             dp = torch.matmul(do_i, v_j.transpose(-1, -2))                   # dP = dO V^T
@@ -297,16 +302,20 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Tiled forward (``flash_attention_fa2``, which saves ``O`` and ``lse``) paired with
     the tiled backward above, so ``loss.backward()`` never builds ``P``.
 
-    ``FlashAttentionFunction.apply(q, k, v, is_causal, scale, Br, Bc)``; prefer
-    :func:`flash_attention`, which validates its arguments first.
+    ``FlashAttentionFunction.apply(q, k, v, is_causal, scale, Br, Bc, enable_gqa,
+    alignment)``; prefer :func:`flash_attention`, which validates its arguments first.
+    The saved ``lse`` has the accumulator dtype (float64 for float64 inputs), so
+    float64 gradients are as accurate as float64 allows.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None, Br=None, Bc=None):
+    def forward(ctx, q, k, v, is_causal=False, scale=None, Br=None, Bc=None, enable_gqa=False,
+                alignment=None):
         o, lse = flash_attention_fa2(q, k, v, is_causal=is_causal, scale=scale, Br=Br, Bc=Bc,
-                                     return_lse=True)
+                                     enable_gqa=enable_gqa, alignment=alignment, return_lse=True)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal, ctx.scale, ctx.Br, ctx.Bc = is_causal, scale, Br, Bc
+        ctx.enable_gqa, ctx.alignment = enable_gqa, alignment
         return o
 
     @staticmethod
@@ -315,27 +324,31 @@ class FlashAttentionFunction(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do.contiguous(),
                                               is_causal=ctx.is_causal, scale=ctx.scale,
+                                              enable_gqa=ctx.enable_gqa, alignment=ctx.alignment,
                                               Br=ctx.Br, Bc=ctx.Bc)
         needs = ctx.needs_input_grad
         return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None,
-                None, None, None, None)
+                None, None, None, None, None, None)
 
 
-def flash_attention(q, k, v, is_causal=False, scale=None, Br=None, Bc=None):
+def flash_attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                    Br=None, Bc=None):
     """Differentiable tiled attention: ``softmax(scale * Q K^T [+ causal mask]) V``.
 
     Same arguments as ``flash_attention_fa2``; gradients flow through
     :func:`flash_attention_backward`. Bad inputs raise before any work.
     """
-    validate_attention_inputs(q, k, v, is_causal=is_causal, scale=scale)
+    validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                       alignment=alignment, impl="tiled_backward")
     _check_block(Br, "Br")
     _check_block(Bc, "Bc")
-    return FlashAttentionFunction.apply(q, k, v, is_causal, scale, Br, Bc)
+    return FlashAttentionFunction.apply(q, k, v, is_causal, scale, Br, Bc, enable_gqa, alignment)
 
 
 # --------------------------------------------------------------------------- references
 
-def attention_backward_reference(q, k, v, do, is_causal=False, scale=None):
+def attention_backward_reference(q, k, v, do, *, is_causal=False, scale=None, enable_gqa=False,
+                                 alignment=None):
     """The backward written as whole-matrix formulas (materialises ``P``, ``dP``, ``dS``).
 
     This is the derivation of lesson 5 in code, for checking the tiled version:
@@ -343,15 +356,16 @@ def attention_backward_reference(q, k, v, do, is_causal=False, scale=None):
     ``dQ = scale dS K``, ``dK = scale dS^T Q``; with GQA the query heads of a group
     add into their shared ``dK`` and ``dV``. Computed in float64.
     """
-    B, Hq, Hkv, Nq, Nk, D, scale, group = validate_attention_inputs(
-        q, k, v, is_causal=is_causal, scale=scale)
+    sh = validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            alignment=alignment)
+    B, Hq, Hkv, Nq, Nk, D, scale, group = sh[:8]
     f = torch.float64
     kk = k.to(f).repeat_interleave(group, dim=1)
     vv = v.to(f).repeat_interleave(group, dim=1)
     qq, dd = q.to(f), do.to(f)
     s = scale * qq @ kk.transpose(-1, -2)
-    if is_causal:
-        mask = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1)
+    if sh.is_causal:
+        mask = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).triu(1 + sh.offset)
         s = s.masked_fill(mask, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     o = p @ vv
@@ -367,38 +381,10 @@ def attention_backward_reference(q, k, v, do, is_causal=False, scale=None):
     return dq.to(q.dtype), fold(dk).to(k.dtype), fold(dv).to(v.dtype)
 
 
-def autograd_reference(q, k, v, do, is_causal=False, scale=None):
+def autograd_reference(q, k, v, do, *, is_causal=False, scale=None, enable_gqa=False,
+                       alignment=None):
     """``(dq, dk, dv)`` from PyTorch autograd through ``naive_attention``."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = naive_attention(*leaves, is_causal=is_causal, scale=scale)
+    out = naive_attention(*leaves, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                          alignment=alignment)
     return torch.autograd.grad(out, leaves, do)
-
-
-class AllocationRecorder(TorchDispatchMode):
-    """Context manager that records the shape of every tensor any torch operation
-    produces inside it (views included), to show what a function allocates::
-
-        with AllocationRecorder() as rec:
-            flash_attention_backward(...)
-        rec.largest      # (numel, shape, op name) of the biggest tensor made
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.records = []  # (numel, shape, op name)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.records.append((t.numel(), tuple(t.shape), str(func.overloadpacket.__name__)))
-        return out
-
-    @property
-    def largest(self):
-        """The biggest tensor recorded, as ``(numel, shape, op name)``; ``(0, (), '')`` if none."""
-        return max(self.records, default=(0, (), ""))
-
-    def shapes_with(self, *sizes):
-        """Recorded shapes whose last two dimensions are ``sizes`` (e.g. ``(Nq, Nk)``)."""
-        return [r for r in self.records if r[1][-2:] == tuple(sizes)]

@@ -13,7 +13,96 @@ from typing import Any
 import torch
 
 __all__ = ["CheckFailed", "check_close", "check_equal", "check_shape", "check_dtype",
-           "check_true", "check_raises"]
+           "check_true", "check_raises", "tolerance", "compute_precision", "UNIT_ROUNDOFF",
+           "TOLERANCE_OPS"]
+
+# --------------------------------------------------------------------------- precision policy
+# The course's policy for float32 on a GPU: Triton's tl.dot multiplies float32 operands
+# as TF32 (10 explicit mantissa bits, like float16, with float32's range) and
+# accumulates in float32. That is what fast kernels do, so the course's kernels keep it.
+# A kernel that needs float32 products passes input_precision="ieee" to tl.dot. In
+# the CPU interpreter tl.dot is computed in full float32. Every tolerance below is
+# derived from the unit roundoff of the arithmetic the operation really runs in.
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "tf32": 2.0 ** -11,
+                 "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+# Tolerance of one attention-sized result (inputs of magnitude about 1), per precision:
+# float64 and float32 allow for a different summation order over thousands of terms;
+# TF32, float16 and bfloat16 allow 8 unit roundoffs (rounding the operands of both
+# products of attention, S = Q K^T and O = P V, and the output).
+_BASE = {"float64": 1e-10, "float32": 2e-5, "tf32": 8 * 2.0 ** -11,
+         "float16": 2e-3, "bfloat16": 2e-2}
+# op: what is compared. "dot" is one dot product of length k per element: rounding
+# errors of its k terms add up like a random walk, so the tolerance grows as sqrt(k).
+TOLERANCE_OPS = ("elementwise", "dot", "attention", "backward")
+_OP_FACTOR = {"elementwise": 1.0, "dot": 1.0, "attention": 1.0, "backward": 2.0}
+_DOT_OPS = ("dot", "attention", "backward")
+
+
+def _dtype_name(dtype):
+    names = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+             torch.bfloat16: "bfloat16"}
+    if dtype not in names:
+        raise TypeError(f"dtype must be torch.float64, float32, float16 or bfloat16, got {dtype!r}")
+    return names[dtype]
+
+
+def _device_type(device):
+    if device is None:
+        from course_utils import device as dev
+        return dev.DEVICE.type
+    if isinstance(device, torch.Tensor):
+        return device.device.type
+    if isinstance(device, str):
+        return torch.device(device).type
+    if isinstance(device, torch.device):
+        return device.type
+    raise TypeError(f"device must be a torch.device, a string, a tensor or None, got "
+                    f"{type(device).__name__}")
+
+
+def compute_precision(dtype, *, device=None, op="dot", input_precision=None) -> str:
+    """The arithmetic an operation on ``dtype`` inputs runs in under the course's policy:
+    ``"tf32"`` for the products of a float32 ``tl.dot`` on a GPU (unless
+    ``input_precision="ieee"``), otherwise the dtype's own name."""
+    if op not in TOLERANCE_OPS:
+        raise ValueError(f"op must be one of {TOLERANCE_OPS}, got {op!r}")
+    if input_precision not in (None, "tf32", "ieee"):
+        raise ValueError(f"input_precision must be None, 'tf32' or 'ieee', got {input_precision!r}")
+    name = _dtype_name(dtype)
+    if (name == "float32" and op in _DOT_OPS and _device_type(device) == "cuda"
+            and input_precision != "ieee"):
+        return "tf32"
+    if name == "float32" and input_precision == "tf32":
+        return "tf32"
+    return name
+
+
+def tolerance(dtype, *, device=None, op="attention", k=None, input_precision=None,
+              magnitude=1.0):
+    """``(atol, rtol)`` for comparing a result computed from ``dtype`` inputs on
+    ``device`` (default: the course's device) with a float32 or float64 reference.
+
+    ``op``: ``"elementwise"``, ``"dot"`` (each element one dot product of length
+    ``k``), ``"attention"`` (a softmax-weighted average: its error does not grow with
+    the lengths) or ``"backward"`` (attention gradients, twice the attention
+    tolerance). ``magnitude``: the size of the compared values (default 1, the
+    course's random inputs); absolute errors scale with it, so ``atol`` does.
+    Under the policy a float32 ``tl.dot`` runs in TF32 on a GPU, so its tolerance is
+    TF32's; pass ``input_precision="ieee"`` when the kernel does."""
+    prec = compute_precision(dtype, device=device, op=op, input_precision=input_precision)
+    rtol = _BASE[prec] * _OP_FACTOR[op]
+    atol = rtol
+    if op == "dot":
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"op='dot' needs k, the length of the dot products (a positive "
+                             f"int), got {k!r}")
+        atol *= math.sqrt(k)     # a sum of k unit-size terms is about sqrt(k) in size
+    elif k is not None:
+        raise ValueError(f"k (the dot-product length) is used with op='dot' only, got op={op!r}")
+    if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)) or not magnitude > 0:
+        raise ValueError(f"magnitude must be a positive number, got {magnitude!r}")
+    return atol * magnitude, rtol
 
 
 class CheckFailed(AssertionError):
@@ -86,15 +175,31 @@ def check_dtype(actual, expected_dtype, name: str = "output", hint: str | None =
     _passed(name, f"dtype {expected_dtype}", quiet)
 
 
-def check_close(actual, expected, *, atol: float = 1e-5, rtol: float = 1e-5,
-                name: str = "output", hint: str | None = None, quiet: bool = False):
+def check_close(actual, expected, *, atol: float | None = None, rtol: float | None = None,
+                name: str = "output", hint: str | None = None, quiet: bool = False,
+                dtype=None, device=None, op: str = "attention", k: int | None = None,
+                input_precision: str | None = None, magnitude: float = 1.0):
     """Check that ``actual`` matches ``expected`` element by element:
     ``|actual - expected| <= atol + rtol * |expected|``, NaN only where NaN is
     expected, and infinities of the same sign where expected.
 
+    The tolerance: ``atol``/``rtol`` when given; otherwise, with ``dtype`` (the dtype
+    the result was computed from), :func:`tolerance` of ``dtype``, ``device`` (default:
+    ``actual``'s device), ``op``, ``k``, ``input_precision`` and ``magnitude``;
+    otherwise 1e-5.
+
     On failure the message names the first differing element, the expected and
     actual values, the tolerance, how many elements differ, and ``hint``.
     """
+    if dtype is not None:
+        where = device if device is not None else (
+            actual if isinstance(actual, torch.Tensor) else None)
+        d_atol, d_rtol = tolerance(dtype, device=where, op=op, k=k,
+                                   input_precision=input_precision, magnitude=magnitude)
+        atol = d_atol if atol is None else atol
+        rtol = d_rtol if rtol is None else rtol
+    atol = 1e-5 if atol is None else atol
+    rtol = 1e-5 if rtol is None else rtol
     a = _as_tensor(actual, name)
     e = _as_tensor(expected, "expected")
     if tuple(a.shape) != tuple(e.shape):

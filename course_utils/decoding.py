@@ -5,14 +5,22 @@ a few when a draft is verified) to a cache that already holds ``L`` keys and
 values. The new tokens are the *last* ``Nq`` positions of the sequence, so
 new token ``t`` (0-based among the new ones) sits at absolute position
 ``L - Nq + t`` and may look at keys ``0 .. L - Nq + t``. That is the
-**bottom-right** aligned causal mask. ``torch.nn.functional.scaled_dot_product_attention``
-with ``is_causal=True`` aligns the mask **top-left** instead (query ``t`` sees keys
+``causal_lower_right`` mask (``torch.nn.attention.bias``'s name; flash-attn's
+``causal=True``). ``torch.nn.functional.scaled_dot_product_attention`` with
+``is_causal=True`` is ``causal_upper_left`` instead (query ``t`` sees keys
 ``0 .. t``), which is wrong for decoding whenever ``Nq < L``. The two agree only
-when ``Nq == L``.
+when ``Nq == L``. With ``Nq = 2`` new tokens and ``L = 5`` keys (1 = visible)::
 
-Shapes follow SDPA: ``q`` is ``(B, Hq, Nq, D)``, the caches are
-``(B, Hkv, Lmax, D)`` with ``Hq`` a multiple of ``Hkv`` (grouped-query attention:
-query head ``h`` reads kv head ``h // (Hq // Hkv)``). ``cache_seqlens`` (optional,
+    causal_lower_right (decoding)     causal_upper_left (SDPA's is_causal)
+        1 1 1 1 0                         1 0 0 0 0
+        1 1 1 1 1                         1 1 0 0 0
+
+Arguments follow :mod:`course_utils.contract`: options are keyword-only,
+``is_causal=True`` with ``alignment="causal_lower_right"`` by default. Shapes follow
+SDPA: ``q`` is ``(B, Hq, Nq, D)``, the caches are ``(B, Hkv, Lmax, D)`` with ``Hq`` a
+multiple of ``Hkv`` (grouped-query attention: query head ``h`` reads kv head
+``h // (Hq // Hkv)``). A KV cache is laid out per kv head, so, as in flash-attn's
+``flash_attn_with_kvcache``, ``enable_gqa`` defaults to True here. ``cache_seqlens`` (optional,
 ``(B,)`` integers) says how many cache slots of each batch element are filled;
 slots past it are ignored. Without it every element uses all ``Lmax`` slots.
 
@@ -29,8 +37,9 @@ import math
 
 import torch
 
-from course_utils.attention import (AttentionState, merge_states, state_from_scores,
-                                    validate_attention_inputs)
+from course_utils.attention import AttentionState, merge_states, state_from_scores
+from course_utils.constants import ALIGNMENTS, CAUSAL_LOWER_RIGHT, CAUSAL_UPPER_LEFT
+from course_utils import contract
 
 __all__ = [
     "validate_decode_inputs", "causal_mask", "decode_attention_reference",
@@ -39,47 +48,22 @@ __all__ = [
     "gather_paged_cache",
 ]
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def validate_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, scale=None,
-                           check_lengths=True):
-    """Raise a ``TypeError``/``ValueError`` naming the bad argument, before any work.
+def validate_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
+                           alignment=None, scale=None, enable_gqa=True, check_lengths=True,
+                           impl="decode_reference"):
+    """Raise a ``TypeError``/``ValueError`` naming the bad argument, before any work:
+    :func:`course_utils.contract.validate_attention` for ``q`` and the caches, then
+    ``cache_seqlens``.
 
     ``check_lengths=False`` skips the range check of the *values* of ``cache_seqlens``,
     which reads them back to the host (a GPU sync, not allowed inside CUDA-graph
-    capture). Returns ``(B, Hq, Hkv, Nq, Lmax, D)``.
+    capture). Returns the :class:`~course_utils.contract.AttentionShape` (``Nk`` is
+    the cache capacity ``Lmax``).
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, D), "
-                            f"got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
-    b, hq, nq, d = q.shape
-    bk, hkv, lmax, dk = k_cache.shape
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache must have the shape of k_cache {tuple(k_cache.shape)}, "
-                         f"got {tuple(v_cache.shape)}")
-    if bk != b:
-        raise ValueError(f"k_cache has batch {bk} but q has batch {b}; both must be B")
-    if dk != d:
-        raise ValueError(f"k_cache has head dim {dk} but q has {d}; both must be D")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"q's heads ({hq}) must be a multiple of k_cache's heads ({hkv}) "
-                         "for grouped-query attention")
-    if nq < 1 or d < 1 or b < 1:
-        raise ValueError(f"q must have B, Nq, D >= 1, got shape {tuple(q.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}")
-    if not (q.device == k_cache.device == v_cache.device):
-        raise ValueError(f"q, k_cache and v_cache must be on one device, got {q.device}, "
-                         f"{k_cache.device}, {v_cache.device}")
-    if scale is not None and (not isinstance(scale, (int, float)) or not scale > 0):
-        raise ValueError(f"scale must be a positive number or None, got {scale!r}")
+    sh = contract.validate_attention(q, k_cache, v_cache, is_causal=is_causal,
+                                     alignment=alignment, scale=scale, enable_gqa=enable_gqa,
+                                     impl=impl, names=("q", "k_cache", "v_cache"))
+    b, nq, lmax = sh.B, sh.Nq, sh.Nk
     if cache_seqlens is None:
         if nq > lmax:
             raise ValueError(f"q has {nq} new tokens but the cache holds only {lmax}; the new "
@@ -101,9 +85,7 @@ def validate_decode_inputs(q, k_cache, v_cache, cache_seqlens=None, scale=None,
             if lo < nq or hi > lmax:
                 raise ValueError(f"cache_seqlens must lie in [Nq, Lmax] = [{nq}, {lmax}] (the "
                                  f"new tokens are already in the cache), got values in [{lo}, {hi}]")
-    # the shared attention validator checks what all attention functions share
-    validate_attention_inputs(q, k_cache, v_cache)
-    return b, hq, hkv, nq, lmax, d
+    return sh
 
 
 def validate_paged_cache(k_pages, v_pages, block_table, batch=None, check_values=True):
@@ -148,19 +130,13 @@ def gather_paged_cache(pages, block_table):
     return pages[block_table.long()].permute(0, 2, 1, 3, 4).reshape(b, hkv, n * page_size, d)
 
 
-def causal_mask(nq: int, nk: int, align: str = "bottom-right", device=None) -> torch.Tensor:
+def causal_mask(nq: int, nk: int, alignment: str = CAUSAL_LOWER_RIGHT, device=None) -> torch.Tensor:
     """Boolean ``(nq, nk)`` mask, True where query ``t`` may see key ``j``.
 
-    ``"bottom-right"``: the queries are the last ``nq`` positions, ``j <= nk - nq + t``
-    (decoding). ``"top-left"``: the queries are the first ``nq`` positions, ``j <= t``
-    (what SDPA's ``is_causal=True`` does)."""
-    if align not in ("bottom-right", "top-left"):
-        raise ValueError(f"align must be 'bottom-right' or 'top-left', got {align!r}")
-    if not (isinstance(nq, int) and isinstance(nk, int)) or nq < 1 or nk < 1:
-        raise ValueError(f"nq and nk must be positive ints, got nq={nq!r}, nk={nk!r}")
-    t = torch.arange(nq, device=device)[:, None]
-    j = torch.arange(nk, device=device)[None, :]
-    return j <= t + (nk - nq if align == "bottom-right" else 0)
+    ``"causal_lower_right"``: the queries are the last ``nq`` positions,
+    ``j <= nk - nq + t`` (decoding). ``"causal_upper_left"``: the queries are the first
+    ``nq`` positions, ``j <= t`` (what SDPA's ``is_causal=True`` does)."""
+    return contract.causal_mask(nq, nk, alignment, device=device)
 
 
 def _lengths(cache_seqlens, b, lmax):
@@ -169,30 +145,33 @@ def _lengths(cache_seqlens, b, lmax):
     return [int(x) for x in cache_seqlens.tolist()]
 
 
-def decode_attention_reference(q, k_cache, v_cache, cache_seqlens=None, *, causal=True,
-                               scale=None, return_lse=False):
+def decode_attention_reference(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
+                               alignment=None, scale=None, enable_gqa=True, return_lse=False):
     """Attention of the ``Nq`` new tokens in ``q`` against the filled part of the cache.
 
     Computed in float32 (float64 for float64 inputs) with an explicit mask; returns
     ``o`` of ``q``'s dtype and shape, and with ``return_lse`` also the natural-log
-    ``lse`` of shape ``(B, Hq, Nq)`` in float32. ``causal=True`` uses the bottom-right
-    alignment (new tokens at the end); ``causal=False`` lets every new token see the
-    whole filled cache."""
-    b, hq, hkv, nq, lmax, d = validate_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    ``lse`` of shape ``(B, Hq, Nq)`` (float32; float64 for float64 inputs).
+    ``is_causal=True`` uses the ``causal_lower_right`` alignment (new tokens at the
+    end) unless ``alignment`` says otherwise; ``is_causal=False`` lets every new token
+    see the whole filled cache."""
+    sh = validate_decode_inputs(q, k_cache, v_cache, cache_seqlens, is_causal=is_causal,
+                                alignment=alignment, scale=scale, enable_gqa=enable_gqa)
+    b, hq, hkv, nq, lmax, d, scale, group = sh[:8]
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    group = hq // hkv
     o = torch.empty_like(q)
-    lse = torch.empty(b, hq, nq, dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, hq, nq, dtype=work, device=q.device)
     for i, length in enumerate(_lengths(cache_seqlens, b, lmax)):
         k = k_cache[i, :, :length].to(work).repeat_interleave(group, dim=0)   # (Hq, L, D)
         v = v_cache[i, :, :length].to(work).repeat_interleave(group, dim=0)
         s = (q[i].to(work) @ k.transpose(-1, -2)) * scale                     # (Hq, Nq, L)
-        if causal:
-            s = s.masked_fill(~causal_mask(nq, length, device=q.device), float("-inf"))
+        if sh.is_causal:
+            s = s.masked_fill(~causal_mask(nq, length, sh.causal, device=q.device),
+                              float("-inf"))
         lse_i = torch.logsumexp(s, dim=-1)
-        o[i] = (torch.exp(s - lse_i[..., None]) @ v).to(q.dtype)
-        lse[i] = lse_i.float()
+        shift = torch.where(torch.isneginf(lse_i), torch.zeros_like(lse_i), lse_i)
+        o[i] = (torch.exp(s - shift[..., None]) @ v).to(q.dtype)
+        lse[i] = lse_i
     return (o, lse) if return_lse else o
 
 
@@ -211,8 +190,8 @@ def chunk_bounds(length: int, num_splits: int, align: int = 1):
                    for s in range(num_splits)]
 
 
-def split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, causal=True,
-                    scale=None):
+def split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, is_causal=True,
+                    alignment=None, scale=None, enable_gqa=True):
     """The partial states of split-KV decoding, one per chunk of the cache.
 
     Returns a list of ``num_splits`` :class:`AttentionState` with ``m``, ``l`` of shape
@@ -220,9 +199,10 @@ def split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, caus
     ``m`` is the largest score in the chunk, ``l = sum exp(s - m)`` and
     ``acc = sum exp(s - m) v`` (unnormalised). A chunk with no visible key has
     ``m = -inf``, ``l = 0``, ``acc = 0``. Natural-log units, like lesson 3."""
-    b, hq, hkv, nq, lmax, d = validate_decode_inputs(q, k_cache, v_cache, cache_seqlens, scale)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    group = hq // hkv
+    sh = validate_decode_inputs(q, k_cache, v_cache, cache_seqlens, is_causal=is_causal,
+                                alignment=alignment, scale=scale, enable_gqa=enable_gqa,
+                                impl="split_kv")
+    b, hq, hkv, nq, lmax, d, scale, group = sh[:8]
     lengths = _lengths(cache_seqlens, b, lmax)
     _, bounds = chunk_bounds(max(lengths), num_splits)
     states = []
@@ -237,23 +217,25 @@ def split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, caus
             k = k_cache[i, :, lo:end].float().repeat_interleave(group, dim=0)
             v = v_cache[i, :, lo:end].float().repeat_interleave(group, dim=0)
             s = (q[i].float() @ k.transpose(-1, -2)) * scale
-            if causal:
+            if sh.is_causal:
                 pos = torch.arange(lo, end, device=q.device)
                 t = torch.arange(nq, device=q.device)
-                s = s.masked_fill(pos[None, :] > (length - nq + t)[:, None], float("-inf"))
+                shift = length - nq if sh.causal == CAUSAL_LOWER_RIGHT else 0
+                s = s.masked_fill(pos[None, :] > (shift + t)[:, None], float("-inf"))
             part = state_from_scores(s, v)        # lesson 3: the state of one tile
             m[i], l[i], acc[i] = part.m, part.l, part.acc
         states.append(AttentionState(m=m, l=l, acc=acc))
     return states
 
 
-def split_kv_attention(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, causal=True,
-                       scale=None, return_lse=False):
+def split_kv_attention(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, is_causal=True,
+                       alignment=None, scale=None, enable_gqa=True, return_lse=False):
     """Flash-decoding in PyTorch: partial states per chunk, folded with lesson 3's
     ``merge_states``, then normalised once. Equal to :func:`decode_attention_reference`
     for every ``num_splits`` because the merge is associative."""
-    states = split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens, causal=causal,
-                             scale=scale)
+    states = split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens,
+                             is_causal=is_causal, alignment=alignment, scale=scale,
+                             enable_gqa=enable_gqa)
     total = states[0]
     for st in states[1:]:
         total = merge_states(total, st)
@@ -272,21 +254,25 @@ def decode_flops_per_step(batch, q_heads, new_tokens, cache_len, head_dim):
     return 4 * batch * q_heads * new_tokens * cache_len * head_dim
 
 
-def check_decode_output(o, q, k_cache, v_cache, cache_seqlens=None, *, causal=True,
+def check_decode_output(o, q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
                         scale=None, atol=None, rtol=None, name="decode output", quiet=False):
     """Check a learner's decode attention output against the reference, with a hint
     that names the usual mistakes (mask alignment, GQA head mapping, cache lengths)."""
     from course_utils.checks import check_close, check_shape
     check_shape(o, tuple(q.shape), name=name, quiet=True,
                 hint="one output row per new token and query head, like q")
-    ref = decode_attention_reference(q, k_cache, v_cache, cache_seqlens, causal=causal,
+    from course_utils.checks import tolerance
+    ref = decode_attention_reference(q, k_cache, v_cache, cache_seqlens, is_causal=is_causal,
                                      scale=scale)
+    # the precision policy, with the low-precision tolerances widened for learners'
+    # kernels that keep P in 16 bits
     low = q.dtype in (torch.float16, torch.bfloat16)
-    atol = (2e-2 if low else 1e-4) if atol is None else atol
-    rtol = (2e-2 if low else 1e-4) if rtol is None else rtol
+    pol = tolerance(q.dtype, device=q.device)
+    atol = (2e-2 if low else max(pol[0], 1e-4)) if atol is None else atol
+    rtol = (2e-2 if low else max(pol[1], 1e-4)) if rtol is None else rtol
     hint = None
     o_t = o.detach().to(ref.dtype) if isinstance(o, torch.Tensor) else o
-    if causal and q.shape[2] > 1 and q.shape[2] < k_cache.shape[2]:
+    if is_causal and q.shape[2] > 1 and q.shape[2] < k_cache.shape[2]:
         top_left = _top_left(q, k_cache, v_cache, cache_seqlens, scale)
         if torch.allclose(o_t.float(), top_left.float(), atol=atol, rtol=rtol):
             hint = ("this is the top-left causal mask (SDPA's is_causal=True); new tokens are the "
@@ -306,6 +292,6 @@ def _top_left(q, k_cache, v_cache, cache_seqlens, scale):
         k = k_cache[i, :, :length].float().repeat_interleave(hq // hkv, dim=0)
         v = v_cache[i, :, :length].float().repeat_interleave(hq // hkv, dim=0)
         s = (q[i].float() @ k.transpose(-1, -2)) * scale
-        s = s.masked_fill(~causal_mask(nq, length, "top-left", device=q.device), float("-inf"))
+        s = s.masked_fill(~causal_mask(nq, length, CAUSAL_UPPER_LEFT, device=q.device), float("-inf"))
         out[i] = (torch.softmax(s, -1) @ v).to(q.dtype)
     return out

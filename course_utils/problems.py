@@ -9,6 +9,10 @@ Markers in a solution notebook (all are comments, so the solution runs as is):
   exercise it becomes ``raise NotImplementedError(<hint>)`` at the same indent.
   A ``### HINT: ...`` line anywhere in the cell supplies that hint and stays in
   the exercise as a ``# Hint:`` comment.
+* Further hints, given one at a time when the learner asks for them
+  (``course_utils.hints.hint("4.3")``), are ``### HINT+: ...`` lines, in order: they
+  are removed from the exercise and written to ``course_utils/data/hints/<name>.json``.
+  A hint says what to compute and which invariant holds; it never holds the code.
 * A **check cell** is a code cell whose first line is ``# Check <id>``. A region
   between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is kept in the
   solution (and the grader's template) but removed from the exercise.
@@ -41,6 +45,8 @@ CHECK_RE = re.compile(r"^#\s*Check\s+([A-Za-z0-9][\w.]*)\b")
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 HBEGIN, HEND = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 HINT_RE = re.compile(r"^(\s*)### HINT:\s*(.*)$")
+MORE_HINT_RE = re.compile(r"^(\s*)### HINT\+:\s*(.*)$")
+HINTS_DIR = Path(__file__).resolve().parent / "data" / "hints"
 KEEP_OUTPUT = "NBVAL_CHECK_OUTPUT"
 BANNER_ID = "exercise-banner"
 
@@ -138,13 +144,38 @@ def _strip_regions(src: str, begin: str, end: str, replace) -> str:
     return "\n".join(out)
 
 
+def hint_tiers(src: str) -> list[str]:
+    """The hints of an answer cell, first tier first: the ``### HINT:`` lines joined,
+    then each ``### HINT+:`` line."""
+    lines = src.split("\n")
+    first = " ".join(m.group(2).strip() for m in map(HINT_RE.match, lines) if m)
+    more = [m.group(2).strip() for m in map(MORE_HINT_RE.match, lines) if m]
+    return ([first] if first else []) + more
+
+
 def exercise_source(src: str, exercise: str) -> str:
     """The exercise version of an answer cell."""
-    hints = [m.group(2).strip() for m in map(HINT_RE.match, src.split("\n")) if m]
-    hint = " ".join(hints) if hints else "write your answer in place of this line"
+    tiers = hint_tiers(src)
+    hint = tiers[0] if tiers else "write your answer in place of this line"
     msg = f"Exercise {exercise}: {hint}"
+    if len(tiers) > 1:
+        msg += f" (next hint: hint({exercise!r}))"
     body = _strip_regions(src, BEGIN, END, lambda ind: [f"{ind}raise NotImplementedError({msg!r})"])
-    return "\n".join(HINT_RE.sub(r"\1# Hint: \2", line) for line in body.split("\n"))
+    kept = [line for line in body.split("\n") if not MORE_HINT_RE.match(line)]
+    return "\n".join(HINT_RE.sub(r"\1# Hint: \2", line) for line in kept)
+
+
+def hints_json(solution_nb) -> str:
+    """The generated hint file of a problem set: ``{exercise: [tier 1, tier 2, ...]}``."""
+    import json
+    out = {}
+    for cell in solution_nb.cells:
+        meta = cell.get("metadata", {}).get("course", {})
+        if meta.get("role") == "answer":
+            tiers = hint_tiers(cell.source)
+            if tiers:
+                out[meta["exercise"]] = tiers
+    return json.dumps(out, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
 
 
 def check_source(src: str) -> str:
@@ -234,6 +265,8 @@ def build(root: Path = ROOT, write: bool = True, only=None) -> list[str]:
         sol = normalise_solution(nb, path)
         ex = make_exercise(sol, path)
         targets = [(path, _dump(sol)), (ex_dir / path.name, _dump(ex))]
+        hints_dir = root / "course_utils" / "data" / "hints"
+        targets.append((hints_dir / f"{path.stem}.json", hints_json(sol)))
         expected_ex.add(path.name)
         for target, text in targets:
             old = target.read_text(encoding="utf-8") if target.exists() else None

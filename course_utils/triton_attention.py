@@ -1,9 +1,12 @@
 """Lessons 6 and 7: FlashAttention-2 in Triton, forward and backward.
 
-Entry point: :func:`triton_attention` ``(q, k, v, is_causal=False, scale=None,
-return_lse=False)``, shaped like ``torch.nn.functional.scaled_dot_product_attention``:
-``q`` is ``(B, Hq, Nq, D)``, ``k`` and ``v`` are ``(B, Hkv, Nk, D)`` with ``Hq % Hkv == 0``
-(MHA, GQA, MQA), ``is_causal`` is SDPA's top-left mask (query ``i`` sees keys ``j <= i``).
+Entry point: :func:`triton_attention` ``(q, k, v, *, is_causal=False, scale=None,
+enable_gqa=False, alignment=None, return_lse=False)``, shaped like
+``torch.nn.functional.scaled_dot_product_attention``: ``q`` is ``(B, Hq, Nq, D)``, ``k``
+and ``v`` are ``(B, Hkv, Nk, D)``; ``Hq != Hkv`` (GQA, MQA) needs ``enable_gqa=True``.
+``is_causal`` uses SDPA's ``causal_upper_left`` mask (query ``i`` sees keys ``j <= i``) or,
+with ``alignment="causal_lower_right"``, flash-attn's (``j <= i + Nk - Nq``): the kernels
+add that offset in their one causal comparison (pictures in :mod:`course_utils.contract`).
 It is differentiable through :class:`TritonAttention`, an ``autograd.Function``.
 
 Forward, :func:`_attn_fwd`, grid ``(ceil(Nq / BLOCK_M), B * Hq)``: one program owns one
@@ -49,16 +52,17 @@ from course_utils import device  # sets TRITON_INTERPRET before triton is import
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from course_utils.attention import validate_attention_inputs  # noqa: E402
+from course_utils.constants import LN2, LOG2E  # noqa: E402
+from course_utils.contract import IMPLEMENTATIONS, validate_attention  # noqa: E402
 
 __all__ = ["triton_attention", "triton_attention_forward", "triton_attention_backward",
            "TritonAttention", "SUPPORTED_HEAD_DIMS", "MAX_HEAD_DIM", "LOG2E",
            "padded_head_dim", "fwd_configs", "bwd_configs"]
 
-LOG2E = 1.4426950408889634
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(LN2)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
-MAX_HEAD_DIM = 256
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = IMPLEMENTATIONS["triton"].max_head_dim
 
 _AUTOTUNE = device.HAS_GPU and os.environ.get("COURSE_TRITON_AUTOTUNE", "1") != "0"
 
@@ -124,7 +128,7 @@ def _tuned(configs, key):
 # add compile time, so they are not specialised. Strides still are.
 def _jit(fn):
     import inspect
-    names = [n for n in ("HQ", "HKV", "GROUP", "NQ", "NK", "D")
+    names = [n for n in ("HQ", "HKV", "GROUP", "NQ", "NK", "D", "CAUSAL_OFF")
              if n in inspect.signature(fn).parameters]
     return triton.jit(do_not_specialize=names)(fn)
 
@@ -181,7 +185,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d, D, NK
 @_jit
 def _attn_fwd_kernel(Q, K, V, O, LSE,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                     HQ, GROUP, NQ, NK, D, qk_scale,
+                     HQ, GROUP, NQ, NK, D, qk_scale, CAUSAL_OFF,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -206,22 +210,25 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     nk_full = NK - NK % BLOCK_N                      # keys in whole, in-range tiles
+    # causal: row i sees keys j <= i + CAUSAL_OFF (0: upper-left, Nk - Nq: lower-right)
     if CAUSAL:
-        # off-band: keys < start_m are visible to every row of this tile
-        mid = tl.minimum(start_m, nk_full)
-        hi = tl.minimum(start_m + BLOCK_M, NK)       # on-band ends at the tile's last row
+        # off-band: keys < start_m + CAUSAL_OFF are visible to every row of this tile
+        mid = tl.minimum(tl.maximum(start_m + CAUSAL_OFF, 0) // BLOCK_N * BLOCK_N, nk_full)
+        hi = tl.minimum(start_m + BLOCK_M + CAUSAL_OFF, NK)  # on-band ends at the last row
     else:
         mid = nk_full
         hi = NK
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d,
-                               D, NK, 0, mid, qk_scale, BLOCK_N, False, CAUSAL, PAD_D, UPCAST)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d,
-                               D, NK, mid, hi, qk_scale, BLOCK_N, True, CAUSAL, PAD_D, UPCAST)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF,
+                               offs_d, D, NK, 0, mid, qk_scale, BLOCK_N, False, CAUSAL, PAD_D,
+                               UPCAST)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF,
+                               offs_d, D, NK, mid, hi, qk_scale, BLOCK_N, True, CAUSAL, PAD_D,
+                               UPCAST)
     o = acc / l_i[:, None]
     tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :],
              o.to(O.dtype.element_ty), mask=row_ok)
     # natural-log lse, the same convention as lessons 3-5
-    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+    lse = (m_i + tl.log2(l_i)) * _LN2
     tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
@@ -281,7 +288,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqn, sdn,
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
         sT = _mm(k, qT, UPCAST) * qk_scale                                # (BLOCK_N1, BLOCK_M1)
-        pT = tl.exp2(sT - (lse * 1.4426950408889634)[None, :])
+        pT = tl.exp2(sT - (lse * _LOG2E)[None, :])
         if MASKED:
             if CAUSAL:
                 pT = tl.where(rows[None, :] >= offs_n[:, None], pT, 0.0)
@@ -296,7 +303,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqn, sdn,
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
                           sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
-                          HQ, HKV, GROUP, NQ, NK, D, qk_scale, scale,
+                          HQ, HKV, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr,
                           BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr):
@@ -323,12 +330,16 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
         do_base = DO + b * sdb + h * sdh
         row_base = (b * HQ + h) * NQ
         if CAUSAL:
-            # on-band: query rows start_n .. start_n + BLOCK_N1 - 1 cut the diagonal
-            band_hi = tl.minimum(start_n + BLOCK_N1, NQ)
+            # on-band: query rows start_n - CAUSAL_OFF .. + BLOCK_N1 - 1 cut the diagonal
+            # (widened to whole query tiles)
+            band_lo = tl.maximum(start_n - CAUSAL_OFF, 0) // BLOCK_M1 * BLOCK_M1
+            band_hi = (tl.maximum(start_n + BLOCK_N1 - CAUSAL_OFF, 0) + BLOCK_M1 - 1) \
+                // BLOCK_M1 * BLOCK_M1
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base,
-                                 DELTA + row_base, sqn, sdn, offs_n, offs_d, D, NQ,
-                                 start_n, band_hi, qk_scale, BLOCK_M1, True, True, PAD_D, UPCAST)
-            lo = start_n + BLOCK_N1              # below the band every key is visible
+                                 DELTA + row_base, sqn, sdn, offs_n - CAUSAL_OFF, offs_d, D, NQ,
+                                 band_lo, tl.minimum(band_hi, NQ), qk_scale, BLOCK_M1, True,
+                                 True, PAD_D, UPCAST)
+            lo = band_hi                         # below the band every key is visible
         else:
             lo = 0
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
@@ -381,7 +392,7 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, 
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
                         sdqb, sdqh, sdqn,
-                        HQ, GROUP, NQ, NK, D, qk_scale, scale,
+                        HQ, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr,
                         BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
@@ -401,22 +412,22 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :], mask=ok,
                  other=0.0)
     row_ok = offs_m < NQ
-    lse2 = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0) * _LOG2E
     delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
     dq = tl.zeros([BLOCK_M2, HEAD_DIM], tl.float32)
     nk_full = NK - NK % BLOCK_N2
     if CAUSAL:
-        mid = tl.minimum(start_m, nk_full)
-        hi = tl.minimum(start_m + BLOCK_M2, NK)
+        mid = tl.minimum(tl.maximum(start_m + CAUSAL_OFF, 0) // BLOCK_N2 * BLOCK_N2, nk_full)
+        hi = tl.minimum(start_m + BLOCK_M2 + CAUSAL_OFF, NK)
     else:
         mid = nk_full
         hi = NK
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, D, NK,
-                   0, mid, qk_scale, BLOCK_N2, False, CAUSAL, PAD_D, UPCAST)
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, D, NK,
-                   mid, hi, qk_scale, BLOCK_N2, True, CAUSAL, PAD_D, UPCAST)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF, offs_d,
+                   D, NK, 0, mid, qk_scale, BLOCK_N2, False, CAUSAL, PAD_D, UPCAST)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF, offs_d,
+                   D, NK, mid, hi, qk_scale, BLOCK_N2, True, CAUSAL, PAD_D, UPCAST)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqn + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=ok)
 
@@ -427,22 +438,12 @@ _attn_bwd_dq = _tuned(bwd_configs("dq"), _KEY)(_attn_bwd_dq_kernel)
 
 
 # --------------------------------------------------------------------------- host side
-def _validate(q, k, v, is_causal, scale):
-    sh = validate_attention_inputs(q, k, v, is_causal=is_causal, scale=scale)
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"triton_attention takes float16, bfloat16 or float32 tensors, got "
-                        f"{q.dtype} (float64 has no tensor-core path; use "
-                        f"course_utils.attention.naive_attention for float64)")
-    if sh.D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim D={sh.D} is too large: triton_attention supports D <= "
-                         f"{MAX_HEAD_DIM} (natively {SUPPORTED_HEAD_DIMS}; others are padded)")
-    if q.device.type == "cpu" and not device.INTERPRET:
-        raise ValueError("q, k and v are on the CPU but Triton is compiling for the GPU: move "
-                         "them to course_utils.device.DEVICE")
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q, k and v must be on the CPU (interpreter) or a CUDA GPU, got "
-                         f"{q.device}")
-    return sh
+def _validate(q, k, v, is_causal, scale, enable_gqa, alignment):
+    """The course's one validator against the ``"triton"`` record of
+    :data:`course_utils.contract.IMPLEMENTATIONS` (dtypes float16, bfloat16, float32;
+    head dims up to 256; the device Triton runs on; both causal alignments)."""
+    return validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                              alignment=alignment, impl="triton")
 
 
 def _upcast(t):
@@ -459,10 +460,11 @@ def _grid_rows(n, meta_key):
     return lambda meta: (triton.cdiv(n, meta[meta_key]),)
 
 
-def triton_attention_forward(q, k, v, is_causal=False, scale=None):
+def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                             alignment=None):
     """Run the forward kernel; return ``(o, lse)`` (``lse``: natural log, float32,
     ``(B, Hq, Nq)``). No autograd: see :func:`triton_attention`."""
-    sh = _validate(q, k, v, is_causal, scale)
+    sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
     q, k, v = _inner_contig(q), _inner_contig(k), _inner_contig(v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), dtype=torch.float32, device=q.device)
@@ -474,25 +476,34 @@ def triton_attention_forward(q, k, v, is_causal=False, scale=None):
     _attn_fwd[grid](q, k, v, o, lse,
                     q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                     v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-                    sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
-                    HEAD_DIM=hd, CAUSAL=bool(is_causal), PAD_D=hd != sh.D,
+                    sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E, sh.offset,
+                    HEAD_DIM=hd, CAUSAL=sh.is_causal, PAD_D=hd != sh.D,
                     UPCAST=_upcast(q))
     return o, lse
 
 
-def triton_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None):
+def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None,
+                              enable_gqa=False, alignment=None):
     """Gradients ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and the incoming
     ``do``: the Delta preprocess, then the dK/dV and the dQ kernels."""
-    sh = _validate(q, k, v, is_causal, scale)
+    sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
     for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, got {got}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor of shape {tuple(shape)}, "
+                            f"got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, "
+                             f"got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put every "
+                             "tensor on one device")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     q, k, v, o, do = (_inner_contig(t) for t in (q, k, v, o, do))
     lse = lse.float().contiguous()
     hd = padded_head_dim(sh.D)
     pad = hd != sh.D
-    causal = bool(is_causal)
+    causal = sh.is_causal
     delta = torch.empty_like(lse)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -511,7 +522,8 @@ def triton_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None):
                             dk.stride(0), dk.stride(1), dk.stride(2),
                             dv.stride(0), dv.stride(1), dv.stride(2),
                             sh.Hq, sh.Hkv, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
-                            sh.scale, HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+                            sh.scale, sh.offset, HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad,
+                            UPCAST=_upcast(q))
 
     def grid_q(meta):
         return (triton.cdiv(sh.Nq, meta["BLOCK_M2"]), sh.B * sh.Hq)
@@ -519,7 +531,7 @@ def triton_attention_backward(q, k, v, o, lse, do, is_causal=False, scale=None):
     _attn_bwd_dq[grid_q](q, k, v, do, lse, delta, dq, *strides,
                          dq.stride(0), dq.stride(1), dq.stride(2),
                          sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E, sh.scale,
-                         HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+                         sh.offset, HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
     return dq, dk, dv
 
 
@@ -528,10 +540,12 @@ class TritonAttention(torch.autograd.Function):
     runs the three backward kernels. ``lse`` is returned but not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale):
-        o, lse = triton_attention_forward(q, k, v, is_causal, scale)
+    def forward(ctx, q, k, v, is_causal, scale, enable_gqa=False, alignment=None):
+        o, lse = triton_attention_forward(q, k, v, is_causal=is_causal, scale=scale,
+                                          enable_gqa=enable_gqa, alignment=alignment)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.opts = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                        alignment=alignment)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -539,21 +553,23 @@ class TritonAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = triton_attention_backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = triton_attention_backward(q, k, v, o, lse, do, **ctx.opts)
+        return dq, dk, dv, None, None, None, None
 
 
-def triton_attention(q, k, v, is_causal=False, scale=None, return_lse=False):
+def triton_attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                     return_lse=False):
     """Fused FlashAttention-2 in Triton: ``softmax(scale * Q K^T [+ causal mask]) V``.
 
-    ``q``: ``(B, Hq, Nq, D)``; ``k``, ``v``: ``(B, Hkv, Nk, D)``, ``Hq % Hkv == 0``;
-    ``is_causal``: SDPA's top-left mask; ``scale``: default ``1 / sqrt(D)``.
+    ``q``: ``(B, Hq, Nq, D)``; ``k``, ``v``: ``(B, Hkv, Nk, D)``; ``Hq != Hkv`` needs
+    ``enable_gqa=True``; ``is_causal`` with ``alignment`` ``"causal_upper_left"``
+    (default, SDPA's) or ``"causal_lower_right"``; ``scale``: default ``1 / sqrt(D)``.
     Returns ``o`` (the input dtype), or ``(o, lse)`` with ``return_lse=True`` (``lse``:
     natural log, float32, ``(B, Hq, Nq)``, not differentiable). Gradients flow to
     ``q``, ``k`` and ``v``. Bad inputs raise ``TypeError``/``ValueError`` before any launch.
     """
-    _validate(q, k, v, is_causal, scale)
+    _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
-    o, lse = TritonAttention.apply(q, k, v, is_causal, scale)
+    o, lse = TritonAttention.apply(q, k, v, is_causal, scale, enable_gqa, alignment)
     return (o, lse) if return_lse else o

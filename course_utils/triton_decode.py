@@ -24,7 +24,6 @@ interpreter with one fixed configuration; on a GPU the split kernel is autotuned
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -33,11 +32,12 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from course_utils.attention import AttentionState  # noqa: E402
+from course_utils.constants import LN2, LOG2E  # noqa: E402
 from course_utils.decoding import validate_decode_inputs, validate_paged_cache  # noqa: E402
 
 __all__ = ["decode_attention", "choose_num_splits", "default_num_sms", "CHUNK_ALIGN"]
 
-LOG2E = 1.4426950408889634
+_LN2 = tl.constexpr(LN2)
 # chunk lengths are multiples of this, so a chunk is a whole number of K/V blocks
 CHUNK_ALIGN = device.pick(cpu=16, gpu=128)
 _CPU_BLOCK_N = 16
@@ -147,7 +147,7 @@ def _split_kv_kernel(
 
     # partial state in natural-log units, as lesson 3 writes it
     idx = ((b * HKV * GROUP + head) * NQ + tok) * NUM_SPLITS + split
-    tl.store(PART_M + idx, m_i * 0.6931471805599453, mask=row_ok)   # times ln 2
+    tl.store(PART_M + idx, m_i * _LN2, mask=row_ok)   # times ln 2
     tl.store(PART_L + idx, l_i, mask=row_ok)
     tl.store(PART_ACC + idx[:, None] * HEAD_DIM + dcol[None, :], acc, mask=row_ok[:, None])
 
@@ -186,11 +186,13 @@ else:
     _split_kv = _split_kv_kernel
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, causal=True, scale=None,
-                     num_splits=None, return_lse=False, return_partials=False,
-                     check_lengths=True, block_table=None):
+def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True, alignment=None,
+                     scale=None, enable_gqa=True, num_splits=None, return_lse=False,
+                     return_partials=False, check_lengths=True, block_table=None):
     """Split-KV decode attention; same contract as
-    :func:`course_utils.decoding.decode_attention_reference`.
+    :func:`course_utils.decoding.decode_attention_reference` (what it supports is its
+    ``"decode"`` record in :data:`course_utils.contract.IMPLEMENTATIONS`: the
+    ``causal_lower_right`` alignment only).
 
     ``num_splits`` overrides :func:`choose_num_splits`. With ``return_partials`` the
     per-chunk states come back too, as an :class:`AttentionState` whose ``m``, ``l``
@@ -221,18 +223,14 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, causal=True, sc
         v_val = v_cache.as_strided(view, (0, 0, 0, 0))
     else:
         k_val, v_val, page_size = k_cache, v_cache, 1
-    b, hq, hkv, nq, lmax, d = validate_decode_inputs(q, k_val, v_val, cache_seqlens, scale,
-                                                     check_lengths=check_lengths)
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"q must be float16, bfloat16 or float32 for the kernel, got {q.dtype}")
-    if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"head dim D must be one of 16, 32, 64, 128, 256, got {d}")
-    if q.device.type != device.DEVICE.type:
-        raise ValueError(f"q must be on {device.DEVICE} (course_utils.device.DEVICE), "
-                         f"got {q.device}")
-    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+    sh = validate_decode_inputs(q, k_val, v_val, cache_seqlens, is_causal=is_causal,
+                                alignment=alignment, scale=scale, enable_gqa=enable_gqa,
+                                check_lengths=check_lengths, impl="decode")
+    b, hq, hkv, nq, lmax, d, scale = sh[:7]
+    causal = sh.is_causal
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     length = lmax
     if num_splits is None:
         num_splits = choose_num_splits(b, hkv, length)

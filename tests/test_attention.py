@@ -55,12 +55,13 @@ def test_tiled_matches_sdpa(nq, nk, causal, ratio, dtype, br, bc, fa):
         br, bc = 32, 32   # keep the Python loop over tiles short
     hkv = 8 // ratio if ratio < 8 else 1
     q, k, v = _qkv(1, hkv * ratio, hkv, nq, nk, 16, dtype)
-    o, lse = fa(q, k, v, is_causal=causal, Br=br, Bc=bc, return_lse=True)
+    o, lse = fa(q, k, v, enable_gqa=True, is_causal=causal, Br=br, Bc=bc, return_lse=True)
     assert o.dtype == dtype and o.shape == q.shape
-    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert lse.shape == q.shape[:3]
     atol, rtol = tolerance_for(dtype)
     torch.testing.assert_close(o.float(), _sdpa(q, k, v, causal), atol=atol, rtol=rtol)
-    _, lse_ref = naive_attention(q.float(), k.float(), v.float(), is_causal=causal,
+    _, lse_ref = naive_attention(q.float(), k.float(), v.float(), enable_gqa=True, is_causal=causal,
                                  return_lse=True)
     torch.testing.assert_close(lse, lse_ref, atol=1e-4, rtol=1e-5)
 
@@ -71,14 +72,14 @@ def test_every_length_fp32_error_is_round_off(n, causal):
     q, k, v = _qkv(2, 4, 2, n, n, 32)
     ref = _sdpa(q, k, v, causal)
     for fa in TILED:
-        o = fa(q, k, v, is_causal=causal, Br=16, Bc=32)
+        o = fa(q, k, v, enable_gqa=True, is_causal=causal, Br=16, Bc=32)
         assert (o - ref).abs().max().item() < 5e-6
 
 
 def test_naive_matches_sdpa_and_logsumexp():
     for causal in (False, True):
         q, k, v = _qkv(2, 8, 2, 33, 47, 8)
-        o, lse = naive_attention(q, k, v, is_causal=causal, return_lse=True)
+        o, lse = naive_attention(q, k, v, enable_gqa=True, is_causal=causal, return_lse=True)
         torch.testing.assert_close(o, _sdpa(q, k, v, causal), atol=2e-6, rtol=2e-6)
         s = torch.einsum("bhqd,bhkd->bhqk", q, k.repeat_interleave(4, dim=1)) / math.sqrt(8)
         if causal:
@@ -89,7 +90,7 @@ def test_naive_matches_sdpa_and_logsumexp():
 def test_scale_argument_and_float64():
     q, k, v = _qkv(1, 2, 1, 9, 13, 4, torch.float64)
     for fa in (naive_attention, *TILED):
-        o = fa(q, k, v, scale=0.3)
+        o = fa(q, k, v, enable_gqa=True, scale=0.3)
         assert o.dtype == torch.float64
         ref = F.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
         torch.testing.assert_close(o, ref, atol=1e-12, rtol=1e-12)
@@ -97,7 +98,7 @@ def test_scale_argument_and_float64():
 
 def test_gqa_uses_kv_head_q_head_floordiv_group():
     q, k, v = _qkv(1, 8, 2, 5, 6, 4)
-    o = flash_attention_fa2(q, k, v, Br=2, Bc=4)
+    o = flash_attention_fa2(q, k, v, enable_gqa=True, Br=2, Bc=4)
     for h in range(8):
         kv = h // 4
         ref = naive_attention(q[:, h:h + 1], k[:, kv:kv + 1], v[:, kv:kv + 1])
@@ -107,18 +108,18 @@ def test_gqa_uses_kv_head_q_head_floordiv_group():
 @pytest.mark.parametrize("fa", TILED)
 def test_block_size_invariance(fa):
     q, k, v = _qkv(1, 2, 2, 50, 70, 8)
-    ref = naive_attention(q, k, v, is_causal=True)
+    ref = naive_attention(q, k, v, enable_gqa=True, is_causal=True)
     for br, bc in [(1, 1), (7, 3), (50, 70), (64, 128), (16, 9)]:
-        torch.testing.assert_close(fa(q, k, v, is_causal=True, Br=br, Bc=bc), ref,
+        torch.testing.assert_close(fa(q, k, v, enable_gqa=True, is_causal=True, Br=br, Bc=bc), ref,
                                    atol=2e-6, rtol=2e-6)
 
 
 def test_decoding_step_one_query_matches_last_row():
     # one new token attends to the whole cache: the last row of the full causal result
     q, k, v = _qkv(1, 4, 1, 40, 40, 8)
-    full = naive_attention(q, k, v, is_causal=True)
+    full = naive_attention(q, k, v, enable_gqa=True, is_causal=True)
     for fa in TILED:
-        step = fa(q[:, :, -1:], k, v, is_causal=False, Br=1, Bc=16)
+        step = fa(q[:, :, -1:], k, v, enable_gqa=True, is_causal=False, Br=1, Bc=16)
         torch.testing.assert_close(step, full[:, :, -1:], atol=2e-6, rtol=2e-6)
 
 
@@ -129,7 +130,7 @@ def test_tiled_never_allocates_score_matrix(fa, causal):
     nq, nk = 96, 80
     q, k, v = _qkv(1, 4, 2, nq, nk, 8)
     with AllocationTracker() as t:
-        fa(q, k, v, is_causal=causal, Br=16, Bc=16, return_lse=True)
+        fa(q, k, v, enable_gqa=True, is_causal=causal, Br=16, Bc=16, return_lse=True)
     assert t.shapes, "the tracker saw no operation"
     assert not any(len(s) >= 2 and s[-2:] in ((nq, nk), (nk, nq)) for s in t.shapes)
     # nothing as large as one head's score matrix, let alone all of them
@@ -235,7 +236,7 @@ def test_block_sizes_paper_example():
 def test_counted_traffic_equals_formula(fa, order, nq, nk, br, bc, causal, lse):
     q, k, v = _qkv(2, 4, 2, nq, nk, 8)
     c = TrafficCounter()
-    fa(q, k, v, is_causal=causal, Br=br, Bc=bc, counter=c, return_lse=lse)
+    fa(q, k, v, enable_gqa=True, is_causal=causal, Br=br, Bc=bc, counter=c, return_lse=lse)
     assert c.as_dict() == traffic_formula(order, nq, nk, 8, br, bc, B=2, H=4,
                                           is_causal=causal, return_lse=lse)
     sched = tile_schedule(order, nq, nk, br, bc, causal)
@@ -292,7 +293,7 @@ BAD = [
 def test_bad_input_names_argument(fn, bad, exc, match):
     q, k, v = _qkv(1, 4, 2, 6, 5, 4)
     with pytest.raises(exc, match=match):
-        fn(*bad(q, k, v))
+        fn(*bad(q, k, v), enable_gqa=True)
 
 
 @pytest.mark.parametrize("fn", TILED)
@@ -316,10 +317,10 @@ def test_bad_blocks_scale_counter(fn):
 
 def test_validate_returns_shape():
     q, k, v = _qkv(2, 8, 2, 6, 5, 4)
-    sh = validate_attention_inputs(q, k, v)
+    sh = validate_attention_inputs(q, k, v, enable_gqa=True)
     assert (sh.B, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, sh.D, sh.group) == (2, 8, 2, 6, 5, 4, 4)
     assert sh.scale == 0.5
-    assert validate_attention_inputs(q, k, v, scale=2).scale == 2.0
+    assert validate_attention_inputs(q, k, v, scale=2, enable_gqa=True).scale == 2.0
 
 
 def test_tolerance_for_rejects_other_dtypes():
@@ -372,7 +373,7 @@ def _relative_mask_fa2(q, k, v, is_causal=False):
 def test_check_attention_fn_passes_good_and_fails_wrong_with_hints(capsys):
     from course_utils.attention import check_attention_fn
     from course_utils.checks import CheckFailed
-    good = lambda q, k, v, **kw: flash_attention_fa2(q, k, v, Br=8, Bc=8, **kw)  # noqa: E731
+    good = lambda q, k, v, **kw: flash_attention_fa2(q, k, v, enable_gqa=True, Br=8, Bc=8, **kw)  # noqa: E731
     check_attention_fn(good, is_causal=True, gqa=True)
     assert "ok:" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="absolute"):

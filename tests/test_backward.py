@@ -39,10 +39,10 @@ def _assert_grads_close(got, ref, atol, rtol):
        Bc=st.sampled_from([None, 32, 80]), d_trick=st.booleans())
 def test_tiled_backward_matches_autograd(Nq, Nk, causal, Hkv, group, D, Br, Bc, d_trick):
     q, k, v, do = _inputs(1, Hkv, group, Nq, Nk, D, seed=Nq * 7 + Nk)
-    o, lse = flash_attention_fa2(q, k, v, is_causal=causal, return_lse=True)
-    got = flash_attention_backward(q, k, v, o, lse, do, is_causal=causal, Br=Br, Bc=Bc,
+    o, lse = flash_attention_fa2(q, k, v, enable_gqa=True, is_causal=causal, return_lse=True)
+    got = flash_attention_backward(q, k, v, o, lse, do, enable_gqa=True, is_causal=causal, Br=Br, Bc=Bc,
                                    d_trick=d_trick)
-    _assert_grads_close(got, autograd_reference(q, k, v, do, is_causal=causal), 2e-5, 2e-4)
+    _assert_grads_close(got, autograd_reference(q, k, v, do, enable_gqa=True, is_causal=causal), 2e-5, 2e-4)
 
 
 @pytest.mark.parametrize("Nq,Nk", [(1, 300), (300, 7), (129, 129), (7, 129)])
@@ -51,12 +51,12 @@ def test_autograd_function_matches_naive_autograd(Nq, Nk, causal):
     """loss.backward() through flash_attention == loss.backward() through naive_attention."""
     q, k, v, do = _inputs(2, 2, 2, Nq, Nk, 8, seed=Nq + Nk)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out = flash_attention(*leaves, is_causal=causal, scale=0.3, Br=32, Bc=64)
-    torch.testing.assert_close(out, naive_attention(q, k, v, is_causal=causal, scale=0.3),
+    out = flash_attention(*leaves, enable_gqa=True, is_causal=causal, scale=0.3, Br=32, Bc=64)
+    torch.testing.assert_close(out, naive_attention(q, k, v, enable_gqa=True, is_causal=causal, scale=0.3),
                                atol=2e-5, rtol=2e-5)
     (out * do).sum().backward()
     got = [t.grad for t in leaves]
-    _assert_grads_close(got, autograd_reference(q, k, v, do, is_causal=causal, scale=0.3),
+    _assert_grads_close(got, autograd_reference(q, k, v, do, enable_gqa=True, is_causal=causal, scale=0.3),
                         2e-5, 2e-4)
 
 
@@ -64,8 +64,8 @@ def test_whole_matrix_formulas_match_autograd():
     """The lesson's derivation, written with full matrices, is what autograd computes."""
     for causal in (False, True):
         q, k, v, do = _inputs(1, 2, 3, 9, 13, 5, dtype=torch.float64)
-        got = attention_backward_reference(q, k, v, do, is_causal=causal, scale=0.7)
-        _assert_grads_close(got, autograd_reference(q, k, v, do, is_causal=causal, scale=0.7),
+        got = attention_backward_reference(q, k, v, do, enable_gqa=True, is_causal=causal, scale=0.7)
+        _assert_grads_close(got, autograd_reference(q, k, v, do, enable_gqa=True, is_causal=causal, scale=0.7),
                             1e-10, 1e-10)
 
 
@@ -77,7 +77,7 @@ def test_gradcheck_float64(causal, shape):
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
 
     def f(a, b, c):
-        return flash_attention(a, b, c, is_causal=causal, Br=2, Bc=3)
+        return flash_attention(a, b, c, enable_gqa=True, is_causal=causal, Br=2, Bc=3)
     assert torch.autograd.gradcheck(f, leaves)
 
 
@@ -144,10 +144,10 @@ def test_allocation_recorder_catches_the_whole_matrix_backward():
 def test_counted_traffic_matches_the_formula(causal, group):
     B, Hkv, Nq, Nk, D, Br, Bc = 2, 1, 70, 100, 8, 16, 32
     q, k, v, do = _inputs(B, Hkv, group, Nq, Nk, D)
-    o, lse = flash_attention_fa2(q, k, v, is_causal=causal, return_lse=True)
+    o, lse = flash_attention_fa2(q, k, v, enable_gqa=True, is_causal=causal, return_lse=True)
     for d_trick in (True, False):
         c = TrafficCounter()
-        flash_attention_backward(q, k, v, o, lse, do, is_causal=causal, Br=Br, Bc=Bc,
+        flash_attention_backward(q, k, v, o, lse, do, enable_gqa=True, is_causal=causal, Br=Br, Bc=Bc,
                                  counter=c, d_trick=d_trick)
         f = backward_traffic_formula(Nq, Nk, D, Br, Bc, B=B, H=Hkv * group, is_causal=causal,
                                      d_trick=d_trick)

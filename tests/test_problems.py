@@ -51,7 +51,8 @@ def test_repository_notebooks_are_in_sync():
 def test_build_generates_exercise(tmp_path):
     root = make_root(tmp_path, good_cells())
     written = build(root)
-    assert sorted(written) == ["exercises/42_demo.ipynb", "solutions/42_demo.ipynb"]
+    assert sorted(written) == ["course_utils/data/hints/42_demo.json", "exercises/42_demo.ipynb",
+                               "solutions/42_demo.ipynb"]
     sol = nbformat.read(root / "solutions/42_demo.ipynb", as_version=4)
     ex = nbformat.read(root / "exercises/42_demo.ipynb", as_version=4)
     a = next(c for c in sol.cells if c.get("id") == "ex-42-1-answer")

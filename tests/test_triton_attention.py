@@ -37,7 +37,7 @@ def _rel(x, ref):
 
 def _reference(q, k, v, causal, do):
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    o, lse = naive_attention(q64, k64, v64, is_causal=causal, return_lse=True)
+    o, lse = naive_attention(q64, k64, v64, enable_gqa=True, is_causal=causal, return_lse=True)
     grads = torch.autograd.grad(o, (q64, k64, v64), do.double())
     return o, lse, grads
 
@@ -52,7 +52,7 @@ def test_forward_and_backward_match_the_reference(shape, causal, dtype):
     Nq, Nk, group, D = shape
     Hkv = 2 if group < 4 else 1
     q, k, v = _inputs(1, Hkv * group, Hkv, Nq, Nk, D, dtype, seed=Nq * 97 + Nk, grad=True)
-    o, lse = triton_attention(q, k, v, is_causal=causal, return_lse=True)
+    o, lse = triton_attention(q, k, v, enable_gqa=True, is_causal=causal, return_lse=True)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(DEV, dtype)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     o_ref, lse_ref, (dq_r, dk_r, dv_r) = _reference(q, k, v, causal, do)
@@ -67,7 +67,7 @@ def test_long_rows_and_the_largest_head_dim():
     """N = 129 crosses several tiles with a ragged end; D = 256 is the largest head dim."""
     for (Nq, Nk, D, causal) in ((129, 129, 64, True), (40, 24, 256, False)):
         q, k, v = _inputs(1, 2, 1, Nq, Nk, D, torch.float16, seed=D, grad=True)
-        o = triton_attention(q, k, v, is_causal=causal)
+        o = triton_attention(q, k, v, enable_gqa=True, is_causal=causal)
         do = torch.randn_like(o)
         grads = torch.autograd.grad(o, (q, k, v), do)
         o_ref, _, grads_ref = _reference(q, k, v, causal, do)
@@ -80,7 +80,7 @@ def test_long_rows_and_the_largest_head_dim():
 def test_other_head_dims_are_padded_inside_the_kernel(D):
     assert padded_head_dim(D) == max(16, 1 << (D - 1).bit_length())
     q, k, v = _inputs(1, 2, 2, 20, 12, D, torch.float16, seed=D, grad=True)
-    o = triton_attention(q, k, v, is_causal=True)
+    o = triton_attention(q, k, v, enable_gqa=True, is_causal=True)
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
     o_ref, _, grads_ref = _reference(q, k, v, True, do)
@@ -91,8 +91,8 @@ def test_other_head_dims_are_padded_inside_the_kernel(D):
 
 def test_float32_inputs_stay_float32():
     q, k, v = _inputs(1, 2, 1, 17, 17, 32, torch.float32, seed=3)
-    o, lse = triton_attention(q, k, v, is_causal=True, return_lse=True)
-    o_ref, lse_ref = naive_attention(q, k, v, is_causal=True, return_lse=True)
+    o, lse = triton_attention(q, k, v, enable_gqa=True, is_causal=True, return_lse=True)
+    o_ref, lse_ref = naive_attention(q, k, v, enable_gqa=True, is_causal=True, return_lse=True)
     assert o.dtype == torch.float32
     torch.testing.assert_close(o, o_ref, atol=1e-5, rtol=1e-5)   # exact fp32 in the interpreter
     torch.testing.assert_close(lse, lse_ref, atol=1e-5, rtol=1e-5)
@@ -105,29 +105,29 @@ def test_strided_inputs_give_the_contiguous_answer():
     kv = torch.randn(2, 2, 26, 16, generator=g).to(DEV, torch.float16)
     k, v = kv[:, :, ::2], kv[:, :, 1::2]
     assert not q.is_contiguous() and not k.is_contiguous()
-    out = triton_attention(q, k, v, is_causal=True)
-    ref = triton_attention(q.contiguous(), k.contiguous(), v.contiguous(), is_causal=True)
+    out = triton_attention(q, k, v, enable_gqa=True, is_causal=True)
+    ref = triton_attention(q.contiguous(), k.contiguous(), v.contiguous(), enable_gqa=True, is_causal=True)
     torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
 def test_backward_agrees_with_the_lesson5_tiled_backward():
     q, k, v = _inputs(1, 4, 2, 24, 40, 32, torch.float16, seed=11)
-    o, lse = triton_attention_forward(q, k, v, is_causal=True)
+    o, lse = triton_attention_forward(q, k, v, enable_gqa=True, is_causal=True)
     do = torch.randn_like(o)
-    ours = triton_attention_backward(q, k, v, o, lse, do, is_causal=True)
+    ours = triton_attention_backward(q, k, v, o, lse, do, enable_gqa=True, is_causal=True)
     theirs = flash_attention_backward(q.float(), k.float(), v.float(), o.float(), lse,
-                                      do.float(), is_causal=True)
+                                      do.float(), enable_gqa=True, is_causal=True)
     for x, ref in zip(ours, theirs):
         assert _rel(x, ref) < 4e-3
 
 
 def test_causal_output_ignores_future_keys():
     q, k, v = _inputs(1, 2, 2, 20, 20, 16, torch.float16, seed=2)
-    o1 = triton_attention(q, k, v, is_causal=True)
+    o1 = triton_attention(q, k, v, enable_gqa=True, is_causal=True)
     k2, v2 = k.clone(), v.clone()
     k2[:, :, 10:] = 30.0
     v2[:, :, 10:] = -7.0
-    o2 = triton_attention(q, k2, v2, is_causal=True)
+    o2 = triton_attention(q, k2, v2, enable_gqa=True, is_causal=True)
     torch.testing.assert_close(o1[:, :, :10], o2[:, :, :10], atol=0, rtol=0)
     assert not torch.allclose(o1[:, :, 10:], o2[:, :, 10:])
 
@@ -150,7 +150,7 @@ def test_bad_inputs_raise_before_any_launch():
     with pytest.raises(TypeError, match="return_lse"):
         triton_attention(q, q, q, return_lse=1)
     with pytest.raises(TypeError, match="is_causal"):
-        triton_attention(q, q, q, is_causal="yes")
+        triton_attention(q, q, q, enable_gqa=True, is_causal="yes")
     o, lse = triton_attention_forward(q, q, q)
     with pytest.raises(ValueError, match="lse must be a tensor of shape"):
         triton_attention_backward(q, q, q, o, lse[:, :1], o)

@@ -36,7 +36,10 @@ import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from course_utils.attention import naive_attention  # noqa: E402
-from course_utils.hopper.triton_fwd import LOG2E, validate_hopper_inputs  # noqa: E402
+from course_utils.constants import LN2, LOG2E  # noqa: E402
+from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
+
+_LN2 = tl.constexpr(LN2)
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "hadamard_matrix", "quantize_fp8_blocks",
            "dequantize_fp8_blocks", "rmse", "attention_fp8", "prepare_fp8",
@@ -169,7 +172,7 @@ def _attn_fwd_fp8(q_desc, k_desc, vt_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr, lse_pt
     ok = offs_m < Nq
     tl.store(o_ptr + rows[:, None] * D + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
              mask=ok[:, None])
-    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) / 1.4426950408889634, mask=ok)
+    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) * _LN2, mask=ok)
 
 
 def _blocks(block_m, block_n):
@@ -199,7 +202,7 @@ def prepare_fp8(q, k, v, *, hadamard=False, block_m=None, block_n=None, seed=0):
             "Nk": k.shape[2], "hadamard": hadamard}
 
 
-def attention_fp8_prepared(prep: dict, is_causal=False, scale=None, return_lse=False, *,
+def attention_fp8_prepared(prep: dict, *, is_causal=False, scale=None, return_lse=False,
                            out_dtype=torch.float16, num_stages=None, num_warps=None):
     """Run the FP8 kernel on tensors from :func:`prepare_fp8` (the benchmark times this
     alone: in a model the quantisation is fused into the previous layer)."""
@@ -223,13 +226,13 @@ def attention_fp8_prepared(prep: dict, is_causal=False, scale=None, return_lse=F
     return (o, lse) if return_lse else o
 
 
-def attention_fp8(q, k, v, is_causal=False, scale=None, return_lse=False, *, hadamard=False,
-                  block_m=None, block_n=None, seed=0):
+def attention_fp8(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                  return_lse=False, hadamard=False, block_m=None, block_n=None, seed=0):
     """FP8 attention forward from float16 / bfloat16 ``(B, H, N, D)`` inputs: quantise
     (optionally after the Hadamard rotation), run the FP8 kernel, return the output
     in the input dtype."""
-    sh = validate_hopper_inputs(q, k, v, is_causal, scale, what="attention_fp8",
-                                head_dims=(16, 32, 64, 128))
+    sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa, alignment=alignment, impl="fp8")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be True or False, got {hadamard!r}")
     prep = prepare_fp8(q, k, v, hadamard=hadamard, block_m=block_m, block_n=block_n, seed=seed)
@@ -237,18 +240,20 @@ def attention_fp8(q, k, v, is_causal=False, scale=None, return_lse=False, *, had
                                   return_lse=return_lse, out_dtype=q.dtype)
 
 
-def fp8_error_report(q, k, v, is_causal=False, *, fp16_forward=None, block_m=None,
-                     block_n=None) -> dict:
+def fp8_error_report(q, k, v, *, is_causal=False, enable_gqa=False, fp16_forward=None,
+                     block_m=None, block_n=None) -> dict:
     """RMSE of the FP8 forward (plain and with the Hadamard rotation) and of a 16-bit
     forward (``fp16_forward``, default: lesson 8's TMA kernel) against the float32
     reference, all from the same inputs."""
     if fp16_forward is None:
         from course_utils.hopper.triton_fwd import attention_tma as fp16_forward
-    ref = naive_attention(q.float(), k.float(), v.float(), is_causal=is_causal)
-    out = {"fp16_vs_fp32": rmse(fp16_forward(q, k, v, is_causal=is_causal), ref)}
+    ref = naive_attention(q.float(), k.float(), v.float(), is_causal=is_causal,
+                          enable_gqa=enable_gqa)
+    out = {"fp16_vs_fp32": rmse(fp16_forward(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa),
+                                ref)}
     for had in (False, True):
-        o8 = attention_fp8(q, k, v, is_causal=is_causal, hadamard=had, block_m=block_m,
-                           block_n=block_n)
+        o8 = attention_fp8(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa, hadamard=had,
+                           block_m=block_m, block_n=block_n)
         out["fp8_hadamard_vs_fp32" if had else "fp8_vs_fp32"] = rmse(o8, ref)
     out["ref_rms"] = float(ref.double().pow(2).mean().sqrt())
     return out

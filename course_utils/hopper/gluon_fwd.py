@@ -41,7 +41,8 @@ import torch
 
 from course_utils import device  # sets TRITON_INTERPRET before triton is imported
 
-from course_utils.hopper.triton_fwd import LOG2E, validate_hopper_inputs  # noqa: E402
+from course_utils.constants import LN2, LOG2E  # noqa: E402
+from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
 
 __all__ = ["attention_gluon", "GLUON_AVAILABLE", "BLOCK_M", "BLOCK_N"]
 
@@ -61,6 +62,7 @@ except ImportError:  # an older Triton without Gluon
 if GLUON_AVAILABLE:
     # the [(function, args), ...] form of warp_specialize arrived in Triton 3.6
     GLUON_AVAILABLE = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
+    _LN2 = gl.constexpr(LN2)
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
@@ -191,7 +193,7 @@ if GLUON_AVAILABLE:
         ptrs = o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0)
         gl.store(ptrs, out.to(o_ptr.dtype.element_ty))
         lse_rows = o_row + gl.arange(0, BLOCK_M, layout=row_s)
-        gl.store(lse_ptr + lse_rows, (m_i + gl.log2(l_i)) * 0.6931471805599453)
+        gl.store(lse_ptr + lse_rows, (m_i + gl.log2(l_i)) * _LN2)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
@@ -342,7 +344,7 @@ if GLUON_AVAILABLE:
         gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
                  out.to(o_ptr.dtype.element_ty))
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
-                 (m_i + gl.log2(l_i)) * 0.6931471805599453)
+                 (m_i + gl.log2(l_i)) * _LN2)
 
     @gluon.jit
     def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
@@ -402,22 +404,18 @@ if GLUON_AVAILABLE:
             mbarrier.invalidate(kv_empty.index(i))
 
 
-def attention_gluon(q, k, v, is_causal=False, scale=None, return_lse=False, *, stages=2,
-                    pipeline=True, loader_regs=24, pingpong=False, consumer_regs=240):
+def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                    return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
+                    consumer_regs=240):
     """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
 
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
     ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
     budget (``setmaxnreg``), leaving the rest of the register file to the consumers."""
-    sh = validate_hopper_inputs(q, k, v, is_causal, scale, head_dims=(64, 128),
-                                what="attention_gluon")
-    if is_causal:
-        raise ValueError("attention_gluon computes non-causal attention only "
-                         "(is_causal must be False; use attention_tma for causal)")
-    for name, n in (("Nq", sh.Nq), ("Nk", sh.Nk)):
-        if n % BLOCK_M:
-            raise ValueError(f"{name} must be a multiple of {BLOCK_M} for attention_gluon, "
-                             f"got {name}={n}")
+    # non-causal only, Nq and Nk multiples of 128, head dims 64 and 128, sm90: its record
+    sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
+                                hardware=False)
     if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 4:
         raise ValueError(f"stages must be an int in 1..4, got {stages!r}")
     for name, flag in (("pipeline", pipeline), ("pingpong", pingpong)):

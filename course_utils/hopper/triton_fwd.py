@@ -29,29 +29,23 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from course_utils.attention import validate_attention_inputs  # noqa: E402
+from course_utils.constants import LN2, LOG2E  # noqa: E402
+from course_utils.contract import IMPLEMENTATIONS, validate_attention  # noqa: E402
 
 __all__ = ["attention_tma", "SUPPORTED_HEAD_DIMS", "validate_hopper_inputs"]
 
-LOG2E = 1.4426950408889634
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+_LN2 = tl.constexpr(LN2)
+SUPPORTED_HEAD_DIMS = IMPLEMENTATIONS["tma"].head_dims
 
 
-def validate_hopper_inputs(q, k, v, is_causal, scale, *, dtypes=(torch.float16, torch.bfloat16),
-                           head_dims=SUPPORTED_HEAD_DIMS, what="this kernel"):
-    """The SDPA checks of lesson 3 plus what the Hopper kernels need: a 16-bit
+def validate_hopper_inputs(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                           alignment=None, impl="tma", hardware=True):
+    """The course's one validator against the record ``impl`` of
+    :data:`course_utils.contract.IMPLEMENTATIONS`: the Hopper kernels need a 16-bit
     dtype (TMA and wgmma work on 2-byte or 1-byte elements) and a head dim whose row is
     a whole number of 16-byte TMA units that fits one tile."""
-    sh = validate_attention_inputs(q, k, v, is_causal=is_causal, scale=scale)
-    if q.dtype not in dtypes:
-        raise TypeError(f"q, k, v must be one of {[str(d) for d in dtypes]} for {what}, "
-                        f"got {q.dtype}")
-    if sh.D not in head_dims:
-        raise ValueError(f"head dim D must be one of {head_dims} for {what}, got D={sh.D}")
-    if q.device.type != device.DEVICE.type:
-        raise ValueError(f"q, k, v must be on {device.DEVICE} (course_utils.device.DEVICE), "
-                         f"got {q.device}")
-    return sh
+    return validate_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                              alignment=alignment, impl=impl, hardware=hardware)
 
 
 @triton.jit
@@ -116,7 +110,7 @@ def _attn_fwd_tma(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, 
     tl.store(o_ptr + rows[:, None] * D + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
              mask=ok[:, None])
     # natural-log LSE, as lesson 6 stores it: m is in base-2 units of the scaled score
-    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) / 1.4426950408889634, mask=ok)
+    tl.store(lse_ptr + rows, (m_i + tl.math.log2(l_i)) * _LN2, mask=ok)
 
 
 def _flat(x):
@@ -124,15 +118,16 @@ def _flat(x):
     return x.contiguous().reshape(b * h * n, d)
 
 
-def attention_tma(q, k, v, is_causal=False, scale=None, return_lse=False, *,
-                  block_m=None, block_n=None, num_stages=None, warp_specialize=False,
-                  num_warps=None):
+def attention_tma(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                  return_lse=False, block_m=None, block_n=None, num_stages=None,
+                  warp_specialize=False, num_warps=None):
     """Attention forward with TMA tiles; SDPA's arguments and shapes ``(B, H, N, D)``.
 
     ``num_stages`` / ``warp_specialize`` / ``num_warps`` / ``block_m`` / ``block_n``
     expose the Hopper knobs for the ablation; the defaults are the tuned H100 setting
     (128 x 128 tiles, 8 warps, 2 stages for D = 128) or a tiny interpreter setting on CPU."""
-    sh = validate_hopper_inputs(q, k, v, is_causal, scale, what="attention_tma")
+    sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa, alignment=alignment, impl="tma")
     for name, val in (("block_m", block_m), ("block_n", block_n), ("num_stages", num_stages),
                       ("num_warps", num_warps)):
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):

@@ -1,0 +1,764 @@
+"""Guards that make a check measure the learner's own work.
+
+A check that only compares values can be passed by calling the thing the exercise
+asks the learner to write (SDPA, ``torch.softmax``, the course's own reference or
+kernel), by steering the check (mutating its inputs, returning NaN where NaN is
+expected), or by an algorithm that is right only on the inputs the check happens to
+use. The tools here close those doors; every problem set's checks use them.
+
+* :func:`forbid` - a context manager in which calling a forbidden group of things
+  (``"sdpa"``, ``"softmax"``, ``"autograd"``, the course's references and kernels, ...)
+  raises :class:`ForbiddenCall`, a :class:`~course_utils.checks.CheckFailed` that says
+  what was called and what the exercise asks for instead. Torch calls are caught at
+  the API level (a ``TorchFunctionMode``) and at the operator level (a
+  ``TorchDispatchMode``, so ``torch.ops.aten...`` is caught too); Python functions of
+  the course are swapped for a refusing body while the guard is on, so a reference
+  imported under another name is caught as well; Triton kernels of the course refuse
+  to launch.
+* :func:`run_answer` - calls an answer on *clones* of its inputs under :func:`forbid`,
+  fails if it changed its inputs in place, if it allocated a tensor whose shape ends
+  in a forbidden pair of sizes (the ``Nq x Nk`` score matrix), and returns the output.
+* :func:`check_finite`, :func:`check_prediction` - NaN/inf in an answer fails unless
+  expected; a prediction or choice is checked without ever printing the expected value.
+* :func:`one_pass` - feeds a function a one-shot stream and fails when it reads the
+  stream twice or stores it (peak memory).
+* :class:`Guarded`, :func:`check_kernel_output`, :func:`record_launches` - tensors with
+  guard regions around them, so an out-of-bounds load or store of a Triton kernel is
+  caught by *this* check with the cause named, never as a crash cells later; outputs
+  poisoned before the launch so unwritten elements show; launches recorded.
+* :func:`check_source` - a static look at the answer cell's source for names it must
+  not use (for answers that are values, such as a trace, where no call can be caught).
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import inspect
+import math
+import re
+import sys
+import threading
+import tracemalloc
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from course_utils.checks import CheckFailed
+
+__all__ = [
+    "ForbiddenCall", "GROUPS", "forbid", "run_answer", "check_finite", "check_prediction",
+    "one_pass", "Guarded", "check_kernel_output", "record_launches", "check_source",
+    "answer_source", "register_answer_sources",
+]
+
+
+class ForbiddenCall(CheckFailed):
+    """The answer called something the exercise asks the learner to write."""
+
+
+# ---------------------------------------------------------------------------------------
+# What can be forbidden
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Group:
+    """One forbidden group: torch API names, aten operator name prefixes, Python
+    callables (``"module:qualname"``, or ``"module:*"`` for every function and Triton
+    kernel a module defines) and a phrase for the failure message."""
+    what: str
+    torch_api: tuple = ()
+    aten: tuple = ()
+    python: tuple = ()
+
+
+_ATTN_ATEN = ("scaled_dot_product_attention", "_scaled_dot_product", "_flash_attention",
+              "_efficient_attention", "_cudnn_attention", "_fused_sdp")
+_SOFTMAX_ATEN = ("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax",
+                 "special_softmax", "special_log_softmax")
+
+GROUPS: dict[str, Group] = {
+    "sdpa": Group("PyTorch's scaled_dot_product_attention",
+                  torch_api=("scaled_dot_product_attention",), aten=_ATTN_ATEN,
+                  python=("torch.nn.functional:scaled_dot_product_attention",)),
+    "softmax": Group("a library softmax (torch.softmax, F.softmax, Tensor.softmax, log_softmax)",
+                     torch_api=("softmax", "log_softmax", "_softmax", "_log_softmax"),
+                     aten=_SOFTMAX_ATEN),
+    "logsumexp": Group("torch.logsumexp", torch_api=("logsumexp",), aten=("logsumexp",)),
+    "autograd": Group("autograd (backward, torch.autograd.grad, torch.func)",
+                      torch_api=("backward", "grad"),
+                      python=("torch.autograd:grad", "torch.autograd:backward",
+                              "torch.autograd.functional:*", "torch.func:grad", "torch.func:vjp",
+                              "torch.func:jacrev", "torch.func:jacfwd", "torch.func:grad_and_value")),
+    "reference-softmax": Group("the course's softmax reference (course_utils.softmax)",
+                               python=("course_utils.softmax:*",)),
+    "reference-attention": Group("the course's attention reference (course_utils.attention)",
+                                 python=("course_utils.attention:*",)),
+    "reference-backward": Group("the course's backward reference (course_utils.backward)",
+                                python=("course_utils.backward:*",)),
+    "reference-decoding": Group("the course's decoding reference (course_utils.decoding)",
+                                python=("course_utils.decoding:*",)),
+    "course-kernels": Group("the course's own Triton kernels",
+                            python=("course_utils.triton_intro:*", "course_utils.triton_attention:*",
+                                    "course_utils.triton_decode:*")),
+    # Triton wrappers must make the kernel do the arithmetic: no torch math on tensors
+    "torch-math": Group("PyTorch arithmetic (the kernel must compute the result)",
+                        aten=("add", "sub", "mul", "div", "exp", "exp2", "log", "log2", "matmul",
+                              "mm", "bmm", "addmm", "baddbmm", "addcmul", "addcdiv", "sum",
+                              "mean", "amax", "amin", "max", "min", "maximum", "minimum", "where",
+                              "linear", "dot", "mv", "einsum", "cumsum", "rsub", "pow", "sqrt",
+                              "rsqrt", "neg", "reciprocal", "clamp", "lerp", "sigmoid", "tanh",
+                              "logsumexp") + _SOFTMAX_ATEN + _ATTN_ATEN),
+}
+
+
+def _aten_base(op) -> str:
+    """``aten._softmax.default`` -> ``_softmax``; ``aten.add_.Tensor`` -> ``add``."""
+    name = getattr(op, "__name__", str(op))          # "_softmax.default"
+    base = name.split(".", 1)[0]
+    return base[:-1] if base.endswith("_") and not base.startswith("__") else base
+
+
+def _aten_forbidden(base: str, prefixes: tuple) -> bool:
+    for p in prefixes:
+        if p.startswith("_") or p in ("softmax", "log_softmax", "scaled_dot_product_attention"):
+            if base.startswith(p):
+                return True
+        elif base == p:
+            return True
+    return False
+
+
+def _module_targets(modname: str):
+    mod = importlib.import_module(modname)
+    found = []
+    for name, obj in vars(mod).items():
+        if name.startswith("__"):
+            continue
+        if isinstance(obj, types.FunctionType) and obj.__module__ == modname:
+            found.append((f"{modname}.{name}", obj))
+        elif _is_triton_kernel(obj) and _kernel_module(obj) == modname:
+            found.append((f"{modname}.{name}", obj))
+        elif isinstance(obj, type) and obj.__module__ == modname:
+            for attr, member in vars(obj).items():
+                fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if isinstance(fn, types.FunctionType) and not attr.startswith("__"):
+                    found.append((f"{modname}.{name}.{attr}", fn))
+                elif attr in ("forward", "backward", "__call__", "__init__") and \
+                        isinstance(fn, types.FunctionType):
+                    found.append((f"{modname}.{name}.{attr}", fn))
+    return found
+
+
+def _is_triton_kernel(obj) -> bool:
+    mod = type(obj).__module__
+    return mod.startswith("triton.") and hasattr(obj, "run") and hasattr(obj, "__getitem__")
+
+
+def _kernel_module(obj) -> str | None:
+    fn = obj
+    for _ in range(4):  # Autotuner / Heuristics wrap a JITFunction in .fn
+        inner = getattr(fn, "fn", None)
+        if inner is None or inner is fn:
+            break
+        fn = inner
+    return getattr(fn, "__module__", None)
+
+
+def _resolve(spec: str):
+    modname, _, qual = spec.partition(":")
+    if qual == "*":
+        return _module_targets(modname)
+    obj = importlib.import_module(modname)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return [(f"{modname}.{qual}", obj)]
+
+
+def _groups(names) -> list[tuple[str, Group]]:
+    out = []
+    for n in names:
+        if isinstance(n, Group):
+            out.append((n.what, n))
+        elif n in GROUPS:
+            out.append((n, GROUPS[n]))
+        else:
+            raise ValueError(f"unknown forbidden group {n!r}; known: {sorted(GROUPS)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The guard
+# ---------------------------------------------------------------------------------------
+
+_ACTIVE: dict[int, str] = {}          # token -> message for swapped Python functions
+_LOCK = threading.Lock()
+_NEXT = [0]
+
+
+_EXEMPT = threading.local()          # depth of calls inside an allowed function
+_ORIGINAL: dict[int, Callable] = {}  # token -> a copy of the function with its own code
+
+
+def _exempt() -> bool:
+    return getattr(_EXEMPT, "depth", 0) > 0
+
+
+def _call(token: int, args, kwargs):
+    """The body of every swapped function. A forbidden one raises (unless called from
+    inside an allowed function); an allowed one runs its real code with the guard
+    lifted for everything it calls."""
+    original = _ORIGINAL.get(token)
+    message = _ACTIVE.get(token)
+    if message is not None and not _exempt():
+        raise ForbiddenCall(message)
+    if original is None:  # pragma: no cover - guard already closed
+        raise ForbiddenCall("this function may not be called in this exercise")
+    if message is None:  # allowed: lift the guard inside
+        _EXEMPT.depth = getattr(_EXEMPT, "depth", 0) + 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _EXEMPT.depth -= 1
+    return original(*args, **kwargs)
+
+
+def _refuse(token: int):
+    """Raise the message registered for ``token`` (used by refused kernel launches)."""
+    if not _exempt():
+        raise ForbiddenCall(_ACTIVE.get(token, "this may not be called in this exercise"))
+
+
+def _copy_function(fn: types.FunctionType) -> types.FunctionType:
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    return copy
+
+
+def _stub_code(fn: types.FunctionType, token: int) -> types.CodeType:
+    """A code object that hands every call to :func:`_call`, with the same free
+    variables as ``fn`` (so it can replace ``fn.__code__`` while the guard is on)."""
+    free = fn.__code__.co_freevars
+    lines = ["def _outer():"]
+    lines += [f"    {v} = None" for v in free]
+    lines.append("    def _stub(*args, **kwargs):")
+    if free:
+        lines.append(f"        ({', '.join(free)},)")
+    lines.append(f"        return __import__('course_utils.guards', fromlist=['_'])._call("
+                 f"{token}, args, kwargs)")
+    lines.append("    return _stub")
+    ns: dict = {}
+    exec(compile("\n".join(lines), f"<guarded {fn.__qualname__}>", "exec"), ns)
+    return ns["_outer"]().__code__
+
+
+def _message(exercise, what_called, group_what, asks):
+    ex = f"Exercise {exercise}: " if exercise else ""
+    ask = f" The exercise asks you to {asks}." if asks else ""
+    return (f"{ex}your answer called {what_called} ({group_what}).{ask} "
+            "Write it yourself; a result computed by the library earns no mark.")
+
+
+class _FunctionGuard(TorchFunctionMode):
+    def __init__(self, names: dict, exercise, asks):
+        super().__init__()
+        self.names, self.exercise, self.asks = names, exercise, asks
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.names and not _exempt():
+            raise ForbiddenCall(_message(self.exercise, f"torch {name}", self.names[name], self.asks))
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchGuard(TorchDispatchMode):
+    def __init__(self, prefixes: list, exercise, asks, shape_tails, max_numel):
+        super().__init__()
+        self.prefixes, self.exercise, self.asks = prefixes, exercise, asks
+        self.shape_tails, self.max_numel = shape_tails, max_numel
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        base = _aten_base(func)
+        if _exempt():
+            return func(*args, **(kwargs or {}))
+        for prefixes, what in self.prefixes:
+            if _aten_forbidden(base, prefixes):
+                raise ForbiddenCall(_message(self.exercise, f"the operator aten.{base}", what,
+                                             self.asks))
+        out = func(*args, **(kwargs or {}))
+        if self.shape_tails or self.max_numel:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._size_check(base, t)
+        return out
+
+    def _size_check(self, base, t):
+        shape = tuple(t.shape)
+        for a, b in self.shape_tails:
+            if len(shape) >= 2 and {shape[-2], shape[-1]} == {a, b} and (a, b) != (1, 1):
+                raise CheckFailed(
+                    f"{'Exercise ' + self.exercise + ': ' if self.exercise else ''}your answer "
+                    f"built a tensor of shape {shape} (aten.{base}): that is the whole {a} x {b} "
+                    "score matrix, which a tiled algorithm never holds. Work on one tile of "
+                    "queries and one tile of keys at a time.")
+        if self.max_numel and t.numel() > self.max_numel:
+            raise CheckFailed(
+                f"{'Exercise ' + self.exercise + ': ' if self.exercise else ''}your answer "
+                f"allocated a tensor of {t.numel()} elements (shape {shape}, aten.{base}); this "
+                f"exercise allows at most {self.max_numel} in one intermediate.")
+
+
+@contextlib.contextmanager
+def forbid(*groups, exercise: str | None = None, asks: str | None = None,
+           allow: Iterable[str] = (), shape_tails: Iterable[tuple] = (),
+           max_numel: int | None = None):
+    """While active, calling anything in ``groups`` raises :class:`ForbiddenCall`.
+
+    ``groups`` are names from :data:`GROUPS` (or :class:`Group` objects);
+    ``exercise`` and ``asks`` ("write the online softmax update") go into the message;
+    ``allow`` names functions (``"module.name"``) exempt from module-wide groups;
+    ``shape_tails=[(Nq, Nk)]`` fails any intermediate whose last two dimensions are
+    those sizes (in either order); ``max_numel`` bounds every intermediate's size.
+    """
+    resolved = _groups(groups)
+    allow = set(allow)
+    api: dict[str, str] = {}
+    prefixes = []
+    swaps: list[tuple[Any, str, Any]] = []
+    for _, g in resolved:
+        for n in g.torch_api:
+            api[n] = g.what
+        if g.aten:
+            prefixes.append((g.aten, g.what))
+        for spec in g.python:
+            for label, obj in _resolve(spec):
+                exempt = label in allow or label.rsplit(".", 1)[-1] in allow
+                swaps.append((obj, label, None if exempt else g.what))
+    applied = []
+    tokens = []
+    seen = set()
+    try:
+        for obj, label, what in swaps:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            with _LOCK:
+                _NEXT[0] += 1
+                token = _NEXT[0]
+            tokens.append(token)
+            if what is not None:
+                _ACTIVE[token] = _message(exercise, label, what, asks)
+            if isinstance(obj, types.FunctionType):
+                _ORIGINAL[token] = _copy_function(obj)
+                applied.append(("code", obj, obj.__code__))
+                obj.__code__ = _stub_code(obj, token)
+            elif _is_triton_kernel(obj) and what is not None:
+                had = "run" in vars(obj)
+                applied.append(("run", obj, vars(obj).get("run") if had else None))
+
+                def _refusing_run(*a, _t=token, _o=obj, **k):
+                    _refuse(_t)
+                    return type(_o).run(_o, *a, **k)
+                obj.run = _refusing_run
+        modes = []
+        if api:
+            modes.append(_FunctionGuard(api, exercise, asks))
+        if prefixes or shape_tails or max_numel:
+            modes.append(_DispatchGuard(prefixes, exercise, asks, list(shape_tails), max_numel))
+        with contextlib.ExitStack() as stack:
+            for m in modes:
+                stack.enter_context(m)
+            yield
+    finally:
+        for kind, obj, old in reversed(applied):
+            if kind == "code":
+                obj.__code__ = old
+            elif old is None:
+                with contextlib.suppress(AttributeError):
+                    del obj.run
+            else:
+                obj.run = old
+        for t in tokens:
+            _ACTIVE.pop(t, None)
+            _ORIGINAL.pop(t, None)
+
+
+_forbid = forbid  # run_answer's keyword ``forbid`` shadows the function
+
+
+# ---------------------------------------------------------------------------------------
+# Calling an answer
+# ---------------------------------------------------------------------------------------
+
+def _clone(x):
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return bool((a == b).all())
+
+
+def run_answer(fn: Callable, *args, forbid: Iterable = (), exercise: str | None = None,
+               asks: str | None = None, name: str | None = None, allow: Iterable[str] = (),
+               shape_tails: Iterable[tuple] = (), max_numel: int | None = None,
+               may_modify: Iterable = (), **kwargs):
+    """Call ``fn(*args, **kwargs)`` the way a check should: on clones of every tensor
+    argument (so the check's own tensors and references stay untouched), under
+    :func:`forbid`, and fail if the answer changed an input in place (unless its
+    position or keyword is in ``may_modify``). Returns ``fn``'s result."""
+    if not callable(fn):
+        raise CheckFailed(f"{name or 'answer'}: expected a function, got {type(fn).__name__}")
+    label = name or getattr(fn, "__name__", "answer")
+    c_args, c_kwargs = _clone(list(args)), _clone(dict(kwargs))
+    before_args, before_kwargs = _clone(c_args), _clone(c_kwargs)
+    with _forbid(*forbid, exercise=exercise, asks=asks, allow=allow,
+                 shape_tails=shape_tails, max_numel=max_numel):
+        out = fn(*c_args, **c_kwargs)
+    may_modify = set(may_modify)
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(c_args, before_args))] + \
+            [(k, c_kwargs[k], before_kwargs[k]) for k in c_kwargs]
+    for where, now, then in pairs:
+        if where in may_modify:
+            continue
+        for t_now, t_then in zip(tree_flatten(now)[0], tree_flatten(then)[0]):
+            if isinstance(t_now, torch.Tensor) and not _same(t_now, t_then):
+                arg = f"argument {where + 1}" if isinstance(where, int) else f"argument {where!r}"
+                raise CheckFailed(f"{label}: your function changed its input ({arg}) in place. "
+                                  "An answer must leave its inputs as it found them; compute "
+                                  "into new tensors.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------
+
+def check_finite(x, name: str = "output", hint: str | None = None, quiet: bool = True):
+    """Fail if ``x`` (a tensor, number or nested list/tuple of them) holds NaN or inf."""
+    leaves = [t for t in tree_flatten(x)[0]]
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            if not (t.is_floating_point() or t.is_complex()):
+                continue
+            bad = ~torch.isfinite(t.detach())
+            if bool(bad.any()):
+                i = int(bad.reshape(-1).nonzero()[0])
+                idx = list(torch.unravel_index(torch.tensor(i), t.shape)) if t.dim() else []
+                val = t.detach().reshape(-1)[i].item()
+                msg = (f"{name}: element {[int(j) for j in idx]} is {val}; "
+                       f"{int(bad.sum())} of {t.numel()} elements are not finite")
+                raise CheckFailed(msg + (f"\n  hint: {hint}" if hint else ""))
+        elif isinstance(t, float) and not math.isfinite(t):
+            raise CheckFailed(f"{name}: is {t}" + (f"\n  hint: {hint}" if hint else ""))
+    if not quiet:
+        print(f"ok: {name} (finite)")
+
+
+def check_prediction(actual, expected, *, name: str = "prediction", choices=None,
+                     hint: str | None = None, quiet: bool = False):
+    """Check a prediction or a choice without ever showing the expected value.
+
+    ``choices`` (optional) lists the allowed answers: anything else fails with the list,
+    so a typo is not mistaken for a wrong prediction."""
+    if choices is not None and actual not in list(choices):
+        raise CheckFailed(f"{name}: {actual!r} is not one of the allowed answers "
+                          f"{list(choices)!r}")
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        ok_type = isinstance(actual, (int, float)) and not isinstance(actual, bool)
+    else:
+        ok_type = isinstance(actual, type(expected))
+    if not ok_type:
+        raise CheckFailed(f"{name}: expected a {type(expected).__name__}, got "
+                          f"{type(actual).__name__}")
+    if actual != expected:
+        msg = f"{name}: {actual!r} is not what happens."
+        raise CheckFailed(msg + (f"\n  hint: {hint}" if hint else ""))
+    if not quiet:
+        print(f"ok: {name}")
+
+
+class _OneShot:
+    """An iterable that may be iterated once, with no length and no indexing."""
+
+    def __init__(self, values, name):
+        self._values, self._name, self._used = list(values), name, False
+        self.read = 0
+
+    def __iter__(self):
+        if self._used:
+            raise CheckFailed(f"{self._name}: your function went over the stream a second "
+                              "time. This exercise is one pass: keep a running state and "
+                              "update it as each value arrives.")
+        self._used = True
+        return self._gen()
+
+    def _gen(self):
+        for v in self._values:
+            self.read += 1
+            yield v
+
+
+def one_pass(fn: Callable, values, *args, name: str = "answer", max_state_bytes: int = 64_000,
+             **kwargs):
+    """Call ``fn(stream, *args, **kwargs)`` where ``stream`` can be iterated once.
+    Fails when ``fn`` iterates twice, does not read every value, or keeps the values
+    (its peak Python allocation grows beyond ``max_state_bytes``; pass enough values
+    that storing them would exceed it). Returns ``fn``'s result."""
+    values = [float(v) for v in values]
+    stream = _OneShot(values, name)
+    for banned in ("__len__", "__getitem__"):
+        if hasattr(stream, banned):  # pragma: no cover - defensive
+            raise RuntimeError("one-shot stream must not be sized or indexable")
+    was = tracemalloc.is_tracing()
+    if not was:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        out = fn(stream, *args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if not was:
+            tracemalloc.stop()
+    if stream.read != len(values):
+        raise CheckFailed(f"{name}: read {stream.read} of the {len(values)} values; a pass "
+                          "must see every value once")
+    if peak > max_state_bytes:
+        raise CheckFailed(f"{name}: your function held about {peak // 1024} KiB while it ran "
+                          f"over {len(values)} values, so it stored them (to go over them "
+                          "again). A one-pass algorithm keeps only a few running numbers.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Triton kernels: guard regions, poison, launches
+# ---------------------------------------------------------------------------------------
+
+def _sentinel(dtype: torch.dtype):
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return -7_777 if dtype not in (torch.uint8,) else 0xA5
+
+
+class Guarded:
+    """A tensor placed inside a larger buffer whose margins (``pad`` elements before and
+    after) hold a sentinel (NaN for floats). A kernel that stores past either end
+    changes a margin; a kernel that loads past either end reads the sentinel.
+
+    ``Guarded(data)`` copies ``data`` in; ``Guarded.empty(shape, dtype, device)`` makes a
+    poisoned output (every element the sentinel, so unwritten elements show)."""
+
+    def __init__(self, data: torch.Tensor, pad: int = 4096, poison: bool = False):
+        if not isinstance(data, torch.Tensor):
+            raise TypeError(f"Guarded needs a tensor, got {type(data).__name__}")
+        self.pad = int(pad)
+        self.sentinel = _sentinel(data.dtype)
+        n = data.numel()
+        self.buffer = torch.full((n + 2 * self.pad,), self.sentinel, dtype=data.dtype,
+                                 device=data.device)
+        self.tensor = self.buffer[self.pad:self.pad + n].view(data.shape)
+        if not poison:
+            self.tensor.copy_(data)
+        self._initial = None if poison else self.tensor.clone()
+        self._margins = self._margin_bits()
+
+    @classmethod
+    def empty(cls, shape, dtype=torch.float32, device="cpu", pad: int = 4096):
+        return cls(torch.empty(shape, dtype=dtype, device=device), pad=pad, poison=True)
+
+    def _margin_bits(self):
+        left, right = self.buffer[:self.pad], self.buffer[self.pad + self.tensor.numel():]
+        return left.clone(), right.clone()
+
+    def _changed(self, now: torch.Tensor, then: torch.Tensor):
+        if now.is_floating_point():
+            diff = ~((now == then) | (now.isnan() & then.isnan()))
+        else:
+            diff = now != then
+        return diff.nonzero().reshape(-1)
+
+    def stores_outside(self) -> tuple[list[int], list[int]]:
+        """Element offsets before the start / past the end that a kernel wrote."""
+        left, right = self._margin_bits()
+        bl = self._changed(left, self._margins[0])
+        br = self._changed(right, self._margins[1])
+        return [int(i) - self.pad for i in bl], [int(i) for i in br]
+
+    def unwritten(self) -> torch.Tensor:
+        """Flat indices of elements that still hold the poison."""
+        t = self.tensor.reshape(-1)
+        if t.is_floating_point():
+            return t.isnan().nonzero().reshape(-1)
+        return (t == self.sentinel).nonzero().reshape(-1)
+
+
+def check_kernel_output(out: Guarded, expected: torch.Tensor | None = None, *,
+                        inputs: Iterable[Guarded] = (), name: str = "output",
+                        atol: float = 1e-5, rtol: float = 1e-5, hint: str | None = None,
+                        check_unwritten: bool = True, quiet: bool = False):
+    """After a kernel ran on :class:`Guarded` tensors: fail naming the cause when it
+    stored outside ``out`` (mask the store), stored into an input's margin, left
+    elements unwritten (grid or mask too small), read an input's margin (NaN where the
+    inputs were finite: mask the loads); then compare with ``expected``."""
+    from course_utils.checks import check_close
+    before, after = out.stores_outside()
+    n = out.tensor.numel()
+    if before or after:
+        where = (f"{len(after)} element(s) past the end (first at offset {n + after[0]})"
+                 if after else f"{len(before)} element(s) before the start")
+        raise CheckFailed(f"{name}: your kernel wrote {where} of the {n}-element output. "
+                          "Mask the store: tl.store(ptr + offs, value, mask=offs < n).")
+    for i, g in enumerate(inputs):
+        b, a = g.stores_outside()
+        if b or a or (g._initial is not None and not _same(g.tensor, g._initial)):
+            raise CheckFailed(f"{name}: your kernel wrote outside input {i + 1}'s elements; "
+                              "stores go to the output only, under a mask.")
+    if check_unwritten:
+        bad = out.unwritten()
+        if expected is not None and expected.is_floating_point():
+            # an element expected to be NaN is not "unwritten"
+            exp_nan = expected.reshape(-1).to(out.tensor.device).isnan()
+            bad = bad[~exp_nan[bad]] if bad.numel() else bad
+        if bad.numel():
+            inputs_finite = all(bool(torch.isfinite(g.tensor).all()) for g in inputs
+                                if g.tensor.is_floating_point())
+            first = int(bad[0])
+            if inputs and inputs_finite and out.tensor.is_floating_point():
+                raise CheckFailed(
+                    f"{name}: {bad.numel()} of {n} elements are NaN (first at flat index "
+                    f"{first}), although every input is finite. Either those elements were "
+                    "never written (does your grid cover all of them? is the store's mask too "
+                    "strict?) or a load read past the end of an input, where this check keeps "
+                    "NaN: mask every load with offs < n.")
+            raise CheckFailed(f"{name}: {bad.numel()} of {n} elements were never written "
+                              f"(first at flat index {first}); does the grid cover them all?")
+    if expected is not None:
+        check_close(out.tensor, expected, atol=atol, rtol=rtol, name=name, hint=hint, quiet=quiet)
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Record every Triton kernel launch made inside the block: yields a list that
+    fills with ``(kernel_name, grid)`` tuples."""
+    launched: list[tuple[str, Any]] = []
+    classes = []
+    try:
+        from triton.runtime import jit as _jit
+        classes.append(_jit.JITFunction)
+    except Exception:  # pragma: no cover - no triton
+        pass
+    try:
+        from triton.runtime import interpreter as _interp
+        classes.append(_interp.InterpretedFunction)
+    except Exception:  # pragma: no cover
+        pass
+    originals = []
+    for cls in classes:
+        orig = cls.run
+        originals.append((cls, orig))
+
+        def run(self, *a, _orig=orig, **k):
+            fn = getattr(self, "fn", None)
+            launched.append((getattr(fn, "__name__", getattr(self, "__name__", "?")), k.get("grid")))
+            return _orig(self, *a, **k)
+        cls.run = run
+    try:
+        yield launched
+    finally:
+        for cls, orig in originals:
+            cls.run = orig
+
+
+# ---------------------------------------------------------------------------------------
+# Answers that are values: a look at the source
+# ---------------------------------------------------------------------------------------
+
+_SOURCES: dict[str, str] = {}
+_EX_RE = re.compile(r"^\s*#\s*Exercise\s+([A-Za-z0-9][\w.]*)")
+
+
+def register_answer_sources(sources: dict[str, str]):
+    """Give the answer cells' sources by exercise id (the grader does this in a kernel
+    that runs no student code, where the notebook's history holds no answers)."""
+    _SOURCES.clear()
+    _SOURCES.update({str(k): str(v) for k, v in sources.items()})
+
+
+def answer_source(exercise: str) -> str | None:
+    """The source of the most recently run answer cell of ``exercise``: from the
+    registered sources, else from IPython's input history."""
+    if exercise in _SOURCES:
+        return _SOURCES[exercise]
+    try:
+        ip = get_ipython()  # type: ignore[name-defined]  # noqa: F821
+    except NameError:
+        ip = None
+    if ip is None:
+        try:
+            from IPython import get_ipython as _g
+            ip = _g()
+        except Exception:
+            ip = None
+    if ip is None:
+        return None
+    for src in reversed(ip.user_ns.get("In", [])):
+        m = _EX_RE.match(src or "")
+        if m and m.group(1) == exercise:
+            return src
+    return None
+
+
+def _names_used(src: str) -> set[str]:
+    tree = ast.parse(src)
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                used.add(a.name.rsplit(".", 1)[-1])
+            if isinstance(node, ast.ImportFrom) and node.module:
+                used.add(node.module)
+                used.update(node.module.split("."))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", node.value))
+    return used
+
+
+def check_source(exercise: str, names: Iterable[str], *, asks: str | None = None,
+                 required: bool = False, quiet: bool = True):
+    """Fail when the answer cell of ``exercise`` uses any of ``names`` (a function, a
+    module, an attribute; also inside strings, which ``getattr`` and ``eval`` take).
+    When the source cannot be found (the cell was not run in this kernel) the check is
+    skipped unless ``required``."""
+    src = answer_source(exercise)
+    if src is None:
+        if required:
+            raise CheckFailed(f"Exercise {exercise}: run its answer cell first")
+        return
+    try:
+        used = _names_used(src)
+    except SyntaxError as e:
+        raise CheckFailed(f"Exercise {exercise}: the answer cell does not parse ({e.msg})") from None
+    hit = sorted(set(names) & used)
+    if hit:
+        ask = f" The exercise asks you to {asks}." if asks else ""
+        raise ForbiddenCall(f"Exercise {exercise}: your answer uses {', '.join(hit)}.{ask} "
+                            "Write it yourself; the course's own code earns no mark here.")
+    if not quiet:
+        print(f"ok: Exercise {exercise} uses none of the library's answers")

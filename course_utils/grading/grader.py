@@ -238,15 +238,17 @@ def _call_order(key):
     return (name, int(i) if i.isdigit() else 0)
 
 
-def _verify(cls: _Class, exports, calls, rng, keep_as=None):
-    """The checking run (under nbval) for these exported values and calls:
+def _verify(cls: _Class, exports, calls, rng, sources, keep_as=None):
+    """The checking run (under nbval) for these exported values and calls, with
+    ``sources`` the answer cells' sources by exercise (for checks that read them):
     ``(run, roles, nonce, tail)``."""
     nonce = secrets.token_hex(16)
 
     def make(inputs_path):
         return instrument.build(cls.tpl.nb, cls.tpl.exercises, "verify", nonce=nonce,
                                 inputs_path=inputs_path)
-    run, roles, tail = _run(cls, make, inputs={"rng": rng, "exports": exports, "calls": calls},
+    run, roles, tail = _run(cls, make, inputs={"rng": rng, "exports": exports, "calls": calls,
+                                               "sources": sources},
                             nbval=True, keep_as=keep_as)
     return run, roles, nonce, tail
 
@@ -276,7 +278,8 @@ def prepare_reference(cls: _Class) -> Reference:
                            f"running:\n{tail}")
     _template_errors(tpl, run, roles, "official solution")
     exports, calls, rng = _exports(run, roles, nonce)
-    vrun, vroles, vnonce, tail = _verify(cls, exports, calls, rng)
+    official = {e.id: tpl.nb.cells[e.answer_index].source for e in tpl.exercises}
+    vrun, vroles, vnonce, tail = _verify(cls, exports, calls, rng, official)
     if vrun is None:
         raise GradingError(f"template {tpl.path.name}: checking the official solution did not "
                            f"finish:\n{tail}")
@@ -425,7 +428,7 @@ def grade_run(tpl: Template, ref: Reference, sub, srun, sroles, vrun, vroles, vn
                 why.append(f"stopped earlier: {before}")
             if ans:
                 why.append(f"your answer cell {ans}")
-            if vchk and vchk not in " ".join(why):
+            if vchk and "ExerciseFailed" not in vchk and vchk not in " ".join(why):
                 why.append(f"the check cell {vchk}")
             item["reason"] = "; ".join(why)
         exercises.append(item)
@@ -606,7 +609,10 @@ def grade_student(cls: _Class, student: str, path) -> dict:
             res["error"] = "your notebook's run produced no result: " + tail[-300:]
             return res
         exports, calls, _ = _exports(srun, sroles, snonce)
-        vrun, vroles, vnonce, vtail = _verify(cls, exports, calls, cls.ref.rng, keep_as=safe)
+        sources = {e.id: (sub.answers[e.id] if e.id in sub.answers and e.id not in crashes
+                          else e.stub) for e in cls.tpl.exercises}
+        vrun, vroles, vnonce, vtail = _verify(cls, exports, calls, cls.ref.rng, sources,
+                                              keep_as=safe)
         if vrun is None:
             res = _student_result(cls.tpl, sub, _zero_body(cls.tpl, "the checking run produced "
                                                            "no result"), "error",

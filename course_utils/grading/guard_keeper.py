@@ -23,6 +23,8 @@ protects the guard as a whole rather than a list of groups.
 from __future__ import annotations
 
 import sys
+import threading
+import types
 
 _SNAP: dict = {}
 _CONTAINERS = (dict, list, set, frozenset, tuple)
@@ -41,6 +43,8 @@ _MODULES = ("course_utils.guards", "course_utils.checks", "course_utils.grading.
 
 
 def _copy(v):
+    if isinstance(v, threading.local):
+        return dict(vars(v))
     if type(v) is dict:
         return dict(v)
     if type(v) in (list, set):
@@ -49,6 +53,8 @@ def _copy(v):
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, threading.local):
+        a = vars(a)
     if type(a) is not type(b):
         return False
     if type(a) is dict:
@@ -111,6 +117,7 @@ def snapshot() -> dict:
                        {k: (v, _copy(v) if owner is not None or (
                            k.isupper() and label in _TABLES) else v)
                         for k, v in items.items()})
+    snap["__code__"] = (None, None, _course_code())
     snap["__modules__"] = (None, None, {n: (sys.modules.get(n), None) for n in _MODULES})
     snap["__torch_attrs__"] = (None, None, _torch_attrs())
     return snap
@@ -123,6 +130,24 @@ def _torch_attrs():
         {f"torch.overrides.{k}": (getattr(ov, k), None) for k in _OVERRIDES if hasattr(ov, k)}
 
 
+def _course_code():
+    """The code of every function, and the ``run`` of every Triton kernel, that the
+    course's modules define: ``forbid`` swaps them while it is on, and an answer must
+    not swap them back (or anything else) itself."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("course_utils.") or name.startswith("course_utils.grading") \
+                or mod is None:
+            continue
+        for attr, v in list(vars(mod).items()):
+            if isinstance(v, types.FunctionType) and getattr(v, "__module__", None) == name:
+                out[f"{name}.{attr}"] = (v, v.__code__)
+            elif type(v).__name__ in ("JITFunction", "InterpretedFunction") and \
+                    isinstance(getattr(v, "__dict__", None), dict):
+                out[f"{name}.{attr}.run"] = (v, vars(v).get("run", _MISSING))
+    return out
+
+
 def check_and_restore(snap: dict | None = None) -> list:
     """What differs from ``snap`` (default: the last :func:`capture`), by name,
     each put back as it was."""
@@ -133,6 +158,20 @@ def check_and_restore(snap: dict | None = None) -> list:
     import torch.overrides as ov
     changed = []
     for label, (owner, ns, items) in list(snap.items()):
+        if label == "__code__":
+            for name, (obj, held) in items.items():
+                if name.endswith(".run"):
+                    cur = vars(obj).get("run", _MISSING)
+                    if cur is not held:
+                        changed.append(name)
+                        if held is _MISSING:
+                            vars(obj).pop("run", None)
+                        else:
+                            vars(obj)["run"] = held
+                elif obj.__code__ is not held:
+                    changed.append(f"{name}.__code__")
+                    obj.__code__ = held
+            continue
         if label == "__modules__":
             for name, (mod, _) in items.items():
                 if sys.modules.get(name) is not mod:
@@ -168,7 +207,10 @@ def check_and_restore(snap: dict | None = None) -> list:
 
 
 def _restore(owner, ns, k, obj, content):
-    if type(obj) is dict and content is not obj:
+    if isinstance(obj, threading.local) and type(content) is dict:
+        vars(obj).clear()
+        vars(obj).update(content)
+    elif type(obj) is dict and content is not obj:
         obj.clear()
         obj.update(content)
     elif type(obj) in (list, set) and content is not obj:

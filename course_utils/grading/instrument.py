@@ -176,11 +176,33 @@ def rewrite_check(src: str, exercise: str, where: str = "check cell"):
     return ast.unparse(tree), rw.sites
 
 
+GUARD_FUNCTIONS = ("run_answer", "forbid")
+
+
+class _GuardCalls(ast.NodeTransformer):
+    """``run_answer(...)`` / ``guards.forbid(...)`` -> the grading hooks' copies,
+    taken from ``course_utils.guards`` before any answer cell ran, so rebinding
+    the notebook's names or the module's attributes does not switch them off."""
+
+    def visit_Call(self, node):
+        node = self.generic_visit(node)
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else \
+            f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+            and f.value.id == "guards" else None
+        if name in GUARD_FUNCTIONS:
+            node.func = ast.copy_location(ast.Attribute(ast.Name(KERNEL_NAME, ast.Load()),
+                                                        f"guard_{name}", ast.Load()), f)
+        return node
+
+
 def guard_check(src: str, exercise: str, where: str = "check cell") -> str:
     """A check cell for the student's (or the official) kernel: the same calls, with
     each check statement guarded as in the verifier, so that both kernels make the
-    same calls to the answer functions whichever checks fail."""
+    same calls to the answer functions whichever checks fail; the course's guards
+    are called through the grading hooks' own references."""
     tree = _Rewriter(exercise, set(), verify=False).visit(_parse_check(src, where))
+    tree = _GuardCalls().visit(tree)
     ast.fix_missing_locations(tree)
     return ast.unparse(tree)
 

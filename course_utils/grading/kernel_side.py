@@ -39,7 +39,7 @@ from course_utils.grading import codec, guard_keeper
 MIME = "application/x-course-grade+json"  # the runner keeps the same constant
 
 _state = {"mode": None, "nonce": "", "inputs": {}, "hits": {}, "record": True, "depth": 0,
-          "calls": {}, "reported": None, "failed": {}, "before": {}, "answer_bound": {}}
+          "calls": {}, "reported": None, "failed": {}, "before": None, "answer_bound": {}}
 RECORDS_ENV = "COURSE_GRADE_RECORDS"   # verifier under nbval: where its records go
 
 
@@ -47,7 +47,7 @@ def start(mode: str, nonce: str, inputs_path: str | None = None):
     if mode not in ("reference", "student", "verify"):
         raise ValueError(f"mode must be 'reference', 'student' or 'verify', got {mode!r}")
     _state.update(mode=mode, nonce=nonce, hits={}, inputs={}, record=True, depth=0, calls={},
-                  reported=None, failed={}, before={}, answer_bound={})
+                  reported=None, failed={}, before=None, answer_bound={})
     # ``torch.empty`` then holds NaN (or the largest integer) in both kernels, not whatever
     # the allocator left there, so an output buffer the template hands to an answer's
     # kernel is the same input in both kernels. The setter is what
@@ -68,8 +68,35 @@ def start(mode: str, nonce: str, inputs_path: str | None = None):
             except OSError:
                 pass
         _state["inputs"] = codec.decode(raw)
+    sources = _state["inputs"].get("sources")
+    if mode == "verify" and isinstance(sources, dict):
+        try:  # checks that read an answer's source read the graded one
+            from course_utils import guards
+        except ImportError:  # pragma: no cover - a course without guards
+            guards = None
+        if guards is not None and hasattr(guards, "register_answer_sources"):
+            guards.register_answer_sources({str(k): str(v) for k, v in sources.items()})
     if mode != "verify":
         guard_keeper.capture()
+        try:
+            from course_utils import guards
+            _GUARDS.update(run_answer=guards.run_answer, forbid=guards.forbid)
+        except (ImportError, AttributeError):  # pragma: no cover - a course without guards
+            pass
+
+
+_GUARDS: dict = {}
+
+
+def guard_run_answer(fn, *args, **kwargs):
+    """``guards.run_answer`` as it was before any answer cell ran (check cells of
+    the student's kernel call this in its place)."""
+    return _GUARDS["run_answer"](fn, *args, **kwargs)
+
+
+def guard_forbid(*groups, **kwargs):
+    """``guards.forbid`` as it was before any answer cell ran."""
+    return _GUARDS["forbid"](*groups, **kwargs)
 
 
 def _publish(kind: str, key: str, payload):
@@ -352,13 +379,14 @@ def export(exercise: str, names, namespace):
     if tampered:
         _publish("export", f"{exercise}/__tampered__", {"name": "__tampered__",
                                                         "kind": "tampered", "what": tampered[:20]})
-    before = _state.get("before") or {}
+    before, _state["before"] = _state.get("before"), None
     bound = _state["answer_bound"]
-    for k, v in list(namespace.items()):
-        if before.get(k) != id(v):
-            bound[k] = (exercise, id(v))
+    if before is not None:   # what this answer cell bound (answer_start took the picture)
+        for k, v in list(namespace.items()):
+            if before.get(k) != id(v):
+                bound[k] = (exercise, id(v))
     for name in names:
-        origin = bound.get(name)
+        origin = bound.get(name) if before is not None else None
         if name in namespace and origin is not None and origin[0] != exercise and \
                 origin[1] == id(namespace[name]):
             namespace.pop(name, None)

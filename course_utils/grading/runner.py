@@ -43,6 +43,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError  # noqa: E402
 # course_utils and stays light; kernel_side.MIME must stay equal to this.
 MIME = "application/x-course-grade+json"
 
+_ANSI = __import__("re").compile(r"(\x1b|#x1B)\[[0-9;]*[A-Za-z]")
 TEXT_CAP = 4000           # characters of printed output kept per cell
 RECORD_CAP = 64 * 2**20   # bytes of records kept per run
 
@@ -273,9 +274,12 @@ def run_nbval(nb_path, result_path, cwd, cell_timeout=60.0, junit=None):
         elif bad is None:
             info["status"] = "ok"
         else:
-            text = (bad.text or bad.get("message") or "").strip()
+            text = _ANSI.sub("", (bad.text or bad.get("message") or "")).strip()
             last = [ln for ln in text.splitlines() if ln.strip()][-1:] or [""]
-            info.update(status="error", ename="CellError", evalue=last[0][:2000],
+            ename, _, evalue = last[0].partition(": ")
+            if not evalue or " " in ename:
+                ename, evalue = "CellError", last[0]
+            info.update(status="error", ename=ename[:200], evalue=evalue[:2000],
                         traceback=text[-3000:])
     records, size = [], 0
     with contextlib.suppress(OSError):

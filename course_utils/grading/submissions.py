@@ -120,20 +120,20 @@ def open_no_follow(path: Path, root: Path | None = None) -> bytes:
     following a symbolic link anywhere on the way. Raises ``OSError`` (with a
     message for the student's feedback) otherwise."""
     path = Path(path)
-    root = Path(os.path.realpath(root if root is not None else path.parent))
-    real = Path(os.path.realpath(path))
-    if real != root and root not in real.parents:
-        raise OSError(f"the file resolves to {real}, outside the submissions folder")
+    top = root if root is not None else path.parent
     # every component below the submissions folder must be a real folder / file
     try:
-        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(root))
+        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(top))
     except ValueError:
         rel = Path(path.name)
-    cur = Path(os.path.abspath(root))
+    cur = Path(os.path.abspath(top))
     for part in rel.parts:
         cur = cur / part
         if cur.is_symlink():
             raise OSError(f"{cur.name} is a symbolic link; links are not followed")
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(top))
+    if real != top and top not in real.parents:
+        raise OSError(f"the file resolves to {real}, outside the submissions folder")
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
         getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags)

@@ -41,7 +41,7 @@ def main(argv=None):
                     "machine offers, the default), namespaces or landlock (fail if missing), "
                     "limits (process limits only)")
     ap.add_argument("--memory-mb", type=int, default=8192,
-                    help="address-space limit of each graded process in MiB (0: none)")
+                    help="private-memory limit of each graded process in MiB (0: none)")
     ap.add_argument("--junit-xml", action="store_true",
                     help="also write junit/<student>.xml, the checking run's JUnit report")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only the summary")

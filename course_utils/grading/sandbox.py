@@ -16,7 +16,7 @@ reported, never assumed (the score table's ``isolation`` says which was in force
   and ``/dev`` writable); where the kernel has signal scoping (ABI 6+), no
   signal reaches a process outside the sandbox.
 * **limits**, always: a session and process group of its own, resource limits
-  (memory, file size, CPU time, processes, no core files), a fresh environment
+  (private memory, file size, CPU time, processes, no core files), a fresh environment
   with its own ``HOME``, IPython and Jupyter folders, and a marker variable
   by which any process that left the group (``setsid``) is found and killed.
 
@@ -143,7 +143,8 @@ class Sandbox:
         lim = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": 2**30, "RLIMIT_CPU": self.cpu,
                "RLIMIT_NOFILE": 4096}
         if self.memory > 0:
-            lim["RLIMIT_AS"] = self.memory
+            # private writable memory: CUDA's address-space reservations do not count
+            lim["RLIMIT_DATA"] = self.memory
         # processes are counted per user across the machine: allow this many more
         lim["RLIMIT_NPROC"] = _nproc_in_use() + 256
         return lim

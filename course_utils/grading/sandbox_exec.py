@@ -14,7 +14,7 @@ In order it:
    the few paths the run needs at their own names (the Python installation
    read-only, the run's own folder read-write), and brings up the loopback
    interface of its private network;
-2. sets the resource limits (address space, file size, CPU time, processes,
+2. sets the resource limits (private memory, file size, CPU time, processes,
    core files);
 3. (Landlock) restricts file access to an allow-list (read-only: system and
    Python folders and the staged course package; read-write: the run's folder,

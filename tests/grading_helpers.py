@@ -431,7 +431,7 @@ HOSTILE_CASES = {
     "decoder_tricks": (lambda nb: fill(nb, {**_all("good"),
                                             "1.1": "# Exercise 1.1\n" + _places(DECODER_TRICKS),
                                             "1.3": "# Exercise 1.3\n" + DECODER_RAISES}),
-                       {"1.1": 0, "1.2": 1, "1.3": 0}, ["answer_1_1", "must not touch"]),
+                       {"1.1": 0, "1.2": 1, "1.3": 0}, ["must not touch"]),
     "reads_solutions": (lambda nb: fill(nb, _all("bad"), {"1.1": _places(READ_SOLUTIONS)}),
                         {"1.1": 0, "1.2": 0, "1.3": 0}, ["is 41, expected 42"]),
     "startup_files": (lambda nb: fill(nb, _all("bad"), {"1.1": _places(STARTUP_FILES)}),

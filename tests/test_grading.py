@@ -70,9 +70,11 @@ ISOLATION = sandbox.detect("auto")
 HOLDS = ISOLATION.namespaces or ISOLATION.landlock >= 6
 HOSTILE = list(H.HOSTILE_CASES) if HOLDS else []
 HONEST_IN_HOSTILE = ("honest", "partial", "rng_user")
+# (IPython's history database changes whenever any kernel on the machine runs: its
+# configuration and startup folders are what a submission must not reach)
 WATCHED = [ROOT / "course_utils", ROOT / "solutions", ROOT / "exercises", ROOT / "tests",
-           Path.home() / ".ipython", Path.home() / ".jupyter", Path(sys.prefix) / "etc",
-           Path(sys.prefix) / "share" / "jupyter"]
+           Path.home() / ".ipython" / "profile_default" / "startup", Path.home() / ".jupyter",
+           Path(sys.prefix) / "etc", Path(sys.prefix) / "share" / "jupyter"]
 
 
 def _alive(token: str) -> list:
@@ -130,7 +132,7 @@ def test_each_submission_gets_exactly_its_expected_score(graded_class, student):
     res = graded_class["result"].students[student]
     points, words = graded_class["expected"][student]
     got = {x["exercise"]: x["points"] for x in res["exercises"]}
-    fb = (graded_class["out"] / "feedback" / f"{student}.md").read_text()
+    fb = (graded_class["out"] / "feedback" / f"{submissions.safe_name(student)}.md").read_text()
     assert got == points, f"{student}: {got} != {points}\n{fb}"
     assert res["total"] == sum(points.values())
     for w in words:
@@ -716,7 +718,16 @@ def test_decoder_never_imports_or_calls_what_a_record_names(tmp_path):
     before = set(sys.modules)
     out = codec.decode(tricks)
     assert not target.exists() and set(sys.modules) == before
-    assert isinstance(out[0], codec.Unserializable) and isinstance(out[1], codec.Unserializable)
+    # dataclass records stay inert data; only the course's own dataclasses, from modules
+    # already imported, are ever built from them (never the grader's, never a function)
+    assert isinstance(out[0], codec.Record) and isinstance(out[1], codec.Record)
+    assert isinstance(codec.materialise(out[0]), codec.Unserializable)
+    assert isinstance(codec.materialise(out[1]), codec.Unserializable)
+    assert not target.exists() and set(sys.modules) == before
+    from course_utils.hopper import schedule_sim as sim
+    op = sim.Arrive("k_empty[0]")
+    back = codec.decode(codec.loads(codec.dumps(op)))
+    assert isinstance(back, codec.Record) and codec.materialise(back) == op
     assert out[2] == ("raise SystemExit",)
     assert out[3] == codec.Named("type", "torch.utils.model_dump.__main__:main")
     assert out[4] == codec.Named("function", "os:system")
@@ -785,8 +796,9 @@ print("solutions", can_read(sys.argv[1]))
 print("home", os.environ["HOME"].startswith(sys.argv[2]))
 print("ipythondir", os.environ["IPYTHONDIR"].startswith(sys.argv[2]))
 print("stage", __import__("course_utils").__file__.startswith(os.environ["PYTHONPATH"]))
-subprocess.Popen(["setsid", "sleep", "300"], start_new_session=True)
-subprocess.Popen(["env", "-i", "setsid", "sleep", "301"], start_new_session=True)
+daemon = [sys.executable, "-c", "import time; time.sleep(300)", sys.argv[3]]
+subprocess.Popen(["setsid"] + daemon, start_new_session=True)
+subprocess.Popen(["env", "-i", "setsid"] + daemon, start_new_session=True)
 """
 
 LEVELS = [lvl for lvl, ok in (("namespaces", ISOLATION.namespaces),
@@ -802,21 +814,22 @@ def test_sandbox_levels(level, tiny, tmp_path):
     job = scratch / "jobs" / "a"
     (job / "work").mkdir(parents=True)
     secret = tiny / "solutions" / f"{H.NAME}.ipynb"
-    assert box.run(job, ["-c", SANDBOX_PROBE, str(secret), str(job)], job / "work", job / "log",
-                   120)
+    token = "course-grade-test-" + os.urandom(6).hex()
+    assert box.run(job, ["-c", SANDBOX_PROBE, str(secret), str(job), token], job / "work",
+                   job / "log", 120)
     said = dict(line.split(" ", 1) for line in (job / "log").read_text().split("\n")
                 if line.count(" ") == 1)
     assert said["home"] == said["ipythondir"] == said["stage"] == "True", said
     # what each level promises, and the fallback says what it does not
     assert said["solutions"] == ("True" if level == "limits" else "False")
-    left = _alive("sleep 30")
+    left = _alive(token)
+    for pid in left:
+        os.kill(pid, 9)
     if level == "namespaces":
         assert not left                       # the pid namespace took both daemons
     else:
-        assert len(left) <= 1                 # the marker sweep took the one that kept it
-        for pid in left:
-            os.kill(pid, 9)
-    assert sandbox.marked_processes() == [] or level != "namespaces"
+        assert len(left) == 1                 # the marker sweep took the one that kept it;
+        # the one that cleared its environment is what this level cannot catch
 
 
 def test_sandbox_refuses_what_is_missing(monkeypatch):
@@ -838,8 +851,9 @@ def test_limits_only_class_is_still_graded_and_says_so(tiny, tmp_path):
     H.make_class(tiny, subs, names={"honest"})
     token = "course-grade-test-" + os.urandom(6).hex()
     H.PLACES.update(out=str(tmp_path / "out"), token=token)
-    daemon = H._places(H.SETSID_DAEMON).replace('(["env", "-i"])', "()").replace(
-        'for prefix in ([], ())', 'for prefix in ([],)')
+    daemon = H._places(H.SETSID_DAEMON).replace('for prefix in ([], ["env", "-i"]):',
+                                                'for prefix in ([],):')
+    assert "env" not in daemon.split("for prefix")[1].split(":")[0]
     H.write_submission(subs, "daemon", H.fill(H.exercise_nb(tiny), H.BAD, {"1.2": daemon}))
     res = grader.grade(H.NAME, subs, tmp_path / "out", workers=2, cell_timeout=CELL_TIMEOUT,
                        timeout=120, root=tiny, isolation="limits")
@@ -847,7 +861,10 @@ def test_limits_only_class_is_still_graded_and_says_so(tiny, tmp_path):
     assert res.isolation == "rlimits, own session, fresh HOME and environment"
     table = (tmp_path / "out" / "scores.csv").read_text()
     time.sleep(4)
-    assert _alive(token) == [] and (tmp_path / "out" / "scores.csv").read_text() == table
+    left = _alive(token)
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == [] and (tmp_path / "out" / "scores.csv").read_text() == table
 
 
 # ------------------------------------------------------------------ guards and copies

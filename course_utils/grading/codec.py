@@ -9,7 +9,9 @@ tuples, sets and dicts of those) and constructs one registered record type,
 :class:`Tile`. It never imports a module, never looks a class or function up by
 the name a record gives, and never calls anything the record names: a class or
 function in a record decodes to a :class:`Named` marker, a named tuple to a
-plain tuple, any other object to :class:`Unserializable`. Blobs travel as
+plain tuple, another dataclass to an inert :class:`Record` (which only
+:func:`materialise`, in the checking kernel, makes into one of the course's own
+dataclasses), any other object to :class:`Unserializable`. Blobs travel as
 ``torch.save`` bytes and are read back with ``torch.load(weights_only=True)``,
 so a blob can hold data but never code. Whatever goes wrong while decoding
 (malformed data, nesting deep enough to exhaust the stack, running out of
@@ -66,6 +68,51 @@ def _tile_from(fields, values):
 # record types decode can construct: the name the kernel gives -> a builder of plain fields
 _RECORDS = {"course_utils.grading.kernel_side:Tile": _tile_from,
             "course_utils.grading.codec:Tile": _tile_from}
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A dataclass value as plain data (the class's name, its fields and their
+    values), as it arrives. :func:`materialise` turns it back into the course's
+    own dataclass where one is allowed; nothing else ever builds it."""
+    name: str
+    fields: tuple
+    values: tuple
+
+
+def materialise(x, _depth=0):
+    """``x`` with each :class:`Record` made an instance of its class, when that class
+    is a dataclass defined by a ``course_utils`` module already imported in this
+    process (never ``course_utils.grading``). Nothing is imported; a record of any
+    other class stays an :class:`Unserializable`. Used in the checking kernel, after
+    the template has imported the modules whose values it passes around."""
+    if _depth > _MAX_DEPTH:
+        return x
+    d = _depth + 1
+    if isinstance(x, Record):
+        values = [materialise(v, d) for v in x.values]
+        mod, _, qual = x.name.partition(":")
+        cls = None
+        if mod.startswith("course_utils.") and not mod.startswith("course_utils.grading") \
+                and mod in sys.modules and "." not in qual:
+            cand = vars(sys.modules[mod]).get(qual)
+            if isinstance(cand, type) and dataclasses.is_dataclass(cand) and \
+                    cand.__module__ == mod and \
+                    [f.name for f in dataclasses.fields(cand)] == list(x.fields):
+                cls = cand
+        if cls is None:
+            return Unserializable(f"object of class {x.name:.120}")
+        try:
+            return cls(**dict(zip(x.fields, values)))
+        except Exception:  # noqa: BLE001 - values that the class refuses
+            return Unserializable(f"object of class {x.name:.120} with fields that do not fit it")
+    if type(x) is list:
+        return [materialise(v, d) for v in x]
+    if type(x) is tuple:
+        return tuple(materialise(v, d) for v in x)
+    if type(x) is dict:
+        return {k: materialise(v, d) for k, v in x.items()}
+    return x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +179,9 @@ def encode(x, _depth=0):
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return {"__namedtuple__": _name_of(type(x)), "fields": list(x._fields),
                 "values": [encode(v, d) for v in x]}
+    if type(x) is Record:
+        return {"__dataclass__": x.name, "fields": list(x.fields),
+                "values": [encode(v, d) for v in x.values]}
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         fields = [f.name for f in dataclasses.fields(x)]
         return {"__dataclass__": _name_of(type(x)), "fields": fields,
@@ -237,6 +287,9 @@ def _decode(tree, depth):
         if tag == "__namedtuple__":
             return tuple(values)
         build = _RECORDS.get(val) if type(val) is str else None
+        if build is None and type(val) is str and len(val) <= 300 and len(fields) == len(values) \
+                and all(type(f) is str for f in fields):
+            return Record(val, tuple(fields), tuple(values))
         rec = build(fields, values) if build is not None and len(fields) == len(values) else None
         if rec is None:
             what = f"{val:.120}" if type(val) is str else "an unnamed class"

@@ -412,6 +412,9 @@ class Mismatch(RuntimeError):
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, codec.Record) or isinstance(b, codec.Record):
+        return (isinstance(a, codec.Record) and isinstance(b, codec.Record)
+                and a.name == b.name and a.fields == b.fields and _same(a.values, b.values))
     if isinstance(a, Tile) or isinstance(b, Tile):
         return (isinstance(a, Tile) and isinstance(b, Tile)
                 and all(_same(getattr(a, f.name), getattr(b, f.name))
@@ -478,7 +481,7 @@ class _Replay:
                 dest.copy_(value.to(dest.device))
         out = rec.get("outcome") or {}
         if "returned" in out:
-            return _from_data(out["returned"])
+            return _from_data(codec.materialise(out["returned"]))
         msg = str(out.get("message", ""))
         for name in out.get("raised") or []:
             cls = codec.exception_class(name)   # a class of the student's: try its bases
@@ -506,7 +509,7 @@ def bind(exercise: str, names, namespace):
         elif item.get("kind") == "function":
             namespace[name] = _Replay(name, calls.get(name, []))
         else:
-            namespace[name] = item.get("value")
+            namespace[name] = codec.materialise(item.get("value"))
 
 
 def _key(exercise, site):

@@ -154,6 +154,10 @@ def main():
         (1, 64, 8, 4, 1000, 256, torch.float16, True),
         (5, 4, 4, 1, 1, 32, torch.float16, False),
     ]
+    # every head dim and dtype the kernel declares in course_utils.contract
+    from course_utils.contract import IMPLEMENTATIONS
+    declared = IMPLEMENTATIONS["decode"]
+    cases += [(2, 8, 2, 2, 1500, d, dt, True) for d in declared.head_dims for dt in declared.dtypes]
     ok = all([case(*c, seed=i) for i, c in enumerate(cases)])
     ok &= all([case(2, 32, 8, 2, 5000, 128, torch.float16, True, num_splits=s, seed=40 + s)
                for s in (1, 3, 17, 64)])

@@ -42,7 +42,7 @@ def check(label, fn, q, k, v, causal, tol, lse_tol=1e-2):
     try:
         o, lse = fn(q, k, v, is_causal=causal, return_lse=True)
         ref, ref_lse = naive_attention(q.float(), k.float(), v.float(), is_causal=causal,
-                                       return_lse=True)
+                                       return_lse=True, enable_gqa=True)
         e, el = rel_err(o, ref), float((lse - ref_lse).abs().max())
         ok = e < tol and el < lse_tol and bool(torch.isfinite(o).all())
         print(f"{'ok  ' if ok else 'FAIL'} {label}: rel err {e:.2e}, lse max err {el:.2e}", flush=True)
@@ -67,7 +67,8 @@ def main():
     from course_utils.hopper.gluon_fwd import attention_gluon
     from course_utils.hopper.triton_fwd import attention_tma
 
-    for dtype in (torch.float16, torch.bfloat16):
+    from course_utils.contract import IMPLEMENTATIONS
+    for dtype in IMPLEMENTATIONS["tma"].dtypes:             # the dtypes the kernels declare
         for (b, hq, hkv, nq, nk, d, causal) in [(2, 4, 4, 1024, 1024, 128, False),
                                                  (1, 4, 2, 777, 1000, 128, True),
                                                  (1, 2, 1, 300, 129, 64, False),
@@ -75,28 +76,28 @@ def main():
             q, k, v = inputs(b, hq, hkv, nq, nk, d, dtype)
             for ws in (False, True):
                 check(f"tma {dtype} {(b, hq, hkv, nq, nk, d)} causal={causal} ws={ws}",
-                      lambda *a, **kw: attention_tma(*a, warp_specialize=ws, **kw),
+                      lambda *a, **kw: attention_tma(*a, warp_specialize=ws, **kw, enable_gqa=True),
                       q, k, v, causal, TOL[dtype])
         for (b, hq, hkv, n, d) in [(2, 4, 4, 1024, 128), (1, 4, 2, 640, 128), (1, 2, 2, 256, 64)]:
             q, k, v = inputs(b, hq, hkv, n, n, d, dtype)
             for pipe in (False, True):
                 for stages in (2, 3):
                     check(f"gluon {dtype} {(b, hq, hkv, n, d)} pipeline={pipe} stages={stages}",
-                          lambda *a, **kw: attention_gluon(*a, pipeline=pipe, stages=stages, **kw),
+                          lambda *a, **kw: attention_gluon(*a, pipeline=pipe, stages=stages, **kw, enable_gqa=True),
                           q, k, v, False, TOL[dtype])
             for stages in ((2, 3) if PINGPONG else ()):
                 check(f"gluon ping-pong {dtype} {(b, hq, hkv, n, d)} stages={stages}",
-                      lambda *a, **kw: attention_gluon(*a, pingpong=True, stages=stages, **kw),
+                      lambda *a, **kw: attention_gluon(*a, pingpong=True, stages=stages, **kw, enable_gqa=True),
                       q, k, v, False, TOL[dtype])
     for causal in (False, True):
         q, k, v = inputs(2, 4, 4, 1024, 1024, 128, torch.float16)
         check(f"fp8 hadamard causal={causal}",
-              lambda *a, **kw: attention_fp8(*a, hadamard=True, **kw), q, k, v, causal, 0.08, lse_tol=0.15)
+              lambda *a, **kw: attention_fp8(*a, hadamard=True, **kw, enable_gqa=True), q, k, v, causal, 0.08, lse_tol=0.15)
         try:
             k_out = k.clone()
             k_out[..., 5] *= 30  # an outlier channel, as in the FA3 paper's test
-            print("fp8 RMSE report (outlier channel):", fp8_error_report(q, k_out, v, is_causal=causal))
-            print("fp8 RMSE report (gaussian):", fp8_error_report(q, k, v, is_causal=causal))
+            print("fp8 RMSE report (outlier channel):", fp8_error_report(q, k_out, v, is_causal=causal, enable_gqa=True))
+            print("fp8 RMSE report (gaussian):", fp8_error_report(q, k, v, is_causal=causal, enable_gqa=True))
         except Exception as ex:
             print("FAIL fp8 report", ex)
             failures.append("fp8 report")

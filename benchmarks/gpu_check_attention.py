@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from course_utils import device  # noqa: E402
 from course_utils.attention import naive_attention  # noqa: E402
+from course_utils.contract import IMPLEMENTATIONS  # noqa: E402
 from course_utils.triton_attention import triton_attention  # noqa: E402
 
 # (B, Hq, Hkv, Nq, Nk, D, causal, dtype, layout)
@@ -46,6 +47,11 @@ CASES = [
     (2, 4, 2, 300, 257, 80, False, BF16, "bhnd"),
     (2, 4, 2, 1024, 1024, 64, True, F32, "bhnd"),
 ]
+# every causal alignment the kernel declares (``causal`` may name one), every dtype it
+# declares, at real sizes (lower-right with Nq <= Nk: every row sees a key)
+_DECLARED = IMPLEMENTATIONS["triton"]
+CASES += [(2, 4, 2, nq, nk, 64, a, dt, "bhnd") for a in _DECLARED.alignments
+          for dt in _DECLARED.dtypes for nq, nk in ((700, 1300), (1024, 1024))]
 QUICK = [c for c in CASES if c[3] >= 1000]
 TOL = {F16: 5e-3, BF16: 2e-2, F32: 5e-3}
 
@@ -68,14 +74,16 @@ def rel(x, ref):
 
 def run_case(case):
     B, Hq, Hkv, Nq, Nk, D, causal, dtype, layout = case
+    opts = dict(is_causal=bool(causal), alignment=causal if isinstance(causal, str) else None,
+                enable_gqa=True)
     q = make((B, Hq, Nq, D), dtype, layout).requires_grad_()
     k = make((B, Hkv, Nk, D), dtype, layout).requires_grad_()
     v = make((B, Hkv, Nk, D), dtype, layout).requires_grad_()
     do = torch.randn(B, Hq, Nq, D, device=device.DEVICE, dtype=dtype)
-    o, lse = triton_attention(q, k, v, is_causal=causal, return_lse=True)
+    o, lse = triton_attention(q, k, v, return_lse=True, **opts)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    o_ref, lse_ref = naive_attention(q32, k32, v32, is_causal=causal, return_lse=True)
+    o_ref, lse_ref = naive_attention(q32, k32, v32, return_lse=True, **opts)
     g_ref = torch.autograd.grad(o_ref, (q32, k32, v32), do.float())
     errs = {"o": rel(o, o_ref), "lse": rel(lse, lse_ref), "dq": rel(dq, g_ref[0]),
             "dk": rel(dk, g_ref[1]), "dv": rel(dv, g_ref[2])}
@@ -107,7 +115,7 @@ def main(argv=None):
     # errors must be raised before any launch
     q = torch.randn(1, 2, 8, 512, device=device.DEVICE, dtype=F16)
     try:
-        triton_attention(q, q, q)
+        triton_attention(q, q, q, enable_gqa=True)
         print("FAIL head dim 512 was accepted")
         failed += 1
     except ValueError as e:

@@ -39,10 +39,14 @@ def workloads():
 
     def fwd():
         with torch.no_grad():
-            triton_attention(q, k, v)
+            triton_attention(q, k, v, enable_gqa=True)
+
+    def fwd_causal():
+        with torch.no_grad():
+            triton_attention(q, k, v, is_causal=True)
 
     def bwd():
-        o = triton_attention(q, k, v)
+        o = triton_attention(q, k, v, enable_gqa=True)
         torch.autograd.grad(o, (q, k, v), do)
 
     def cudnn():
@@ -50,11 +54,12 @@ def workloads():
         with torch.no_grad(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
-    work = {"lesson6_fwd": fwd, "lesson7_fwd_bwd": bwd, "sdpa_cudnn": cudnn}
+    work = {"lesson6_fwd": fwd, "lesson6_fwd_causal": fwd_causal, "lesson7_fwd_bwd": bwd,
+            "sdpa_cudnn": cudnn}
     try:
         from course_utils.hopper.gluon_fwd import attention_gluon
         qd, kd, vd = q.detach(), k.detach(), v.detach()
-        work["gluon_pingpong_s3"] = lambda: attention_gluon(qd, kd, vd, pingpong=True, stages=3)
+        work["gluon_pingpong_s3"] = lambda: attention_gluon(qd, kd, vd, pingpong=True, stages=3, enable_gqa=True)
         from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
         prep = prepare_fp8(qd, kd, vd, hadamard=True)
         work["fp8_hadamard"] = lambda: attention_fp8_prepared(prep, out_dtype=qd.dtype)

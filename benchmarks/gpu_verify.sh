@@ -4,17 +4,22 @@
 #
 #     bash benchmarks/gpu_verify.sh kernels  [LOG_DIR]   # doctor, kernels at real sizes,
 #                                                         # GPU-marked tests, every lesson
-#                                                         # under nbval, lessons saved executed
+#                                                         # under nbval
 #     bash benchmarks/gpu_verify.sh problems [LOG_DIR]   # every solution under nbval, every
 #                                                         # exercise must fail its checks, every
 #                                                         # problem set graded by course-grade
+#     bash benchmarks/gpu_verify.sh site     [LOG_DIR]   # every lesson executed alone on the
+#                                                         # GPU and saved with its outputs
 #     bash benchmarks/gpu_verify.sh all      [LOG_DIR]
+#
+# The verify run is the first two parts (two calls on a machine that limits one command to ten
+# minutes); the third saves what readers of the static site see.
 #
 # A GPU machine without Jupyter, nbval or ipywidgets (and no package index) can take them
 # from a folder of wheels, ./.wheelhouse, made beforehand on a machine with an index:
 #     python -m pip download --only-binary=:all: --python-version 3.12 ... -d .wheelhouse \
 #         nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-#         pytest-xdist hypothesis tqdm jupyter_client
+#         pytest-xdist hypothesis tqdm jupyter_client latex2mathml
 # They are installed into a side folder on PYTHONPATH, so the machine's own torch and
 # Triton stay in use.
 #
@@ -26,7 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
 logs=${2:-artifacts/gpu}
-case "$part" in kernels|problems|all) ;; *) echo "usage: $0 kernels|problems|all [LOG_DIR]" >&2; exit 2;; esac
+case "$part" in kernels|problems|site|all) ;; *) echo "usage: $0 kernels|problems|site|all [LOG_DIR]" >&2; exit 2;; esac
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 extra=${COURSE_EXTRA_SITE:-/tmp/course-extra}
@@ -34,9 +39,9 @@ if ! python3 -c "import nbval, ipywidgets, nbclient" 2>/dev/null; then
     if [ -d .wheelhouse ]; then
         python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" \
             nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-            pytest-xdist hypothesis tqdm jupyter_client >"$logs/install.log" 2>&1 \
+            pytest-xdist hypothesis tqdm jupyter_client latex2mathml >"$logs/install.log" 2>&1 \
             || { echo "installing from .wheelhouse failed: see $logs/install.log"; exit 1; }
-        export PATH="$extra/bin:$PATH"
+        export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
         PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}"
     else
         echo "nbval/ipywidgets/nbclient are missing and there is no .wheelhouse folder" >&2
@@ -61,8 +66,11 @@ if [ "$part" = kernels ] || [ "$part" = all ]; then
     step decode python3 benchmarks/check_decode_gpu.py
     step hopper python3 benchmarks/check_hopper_gpu.py
     step nbval_lessons python3 -m pytest --nbval-lax notebooks $nb
+fi
+if [ "$part" = site ] || [ "$part" = all ]; then
+    # one lesson at a time, so the timings the lessons print are not shared with another
     step executed_lessons python3 -m course_utils.site build --out "$logs/site" --no-cache \
-        --jobs 4 --save-executed "$logs/executed"
+        --jobs 1 --save-executed "$logs/executed"
 fi
 if [ "$part" = problems ] || [ "$part" = all ]; then
     step nbval_solutions python3 -m pytest --nbval-lax solutions $nb

@@ -13,8 +13,8 @@ from course_utils.hopper.gluon_fwd import attention_gluon  # noqa: E402
 
 if device.needs("hopper"):
     q, k, v = (torch.randn(1, 2, 512, 128, device=device.DEVICE, dtype=torch.float16) for _ in range(3))
-    o = attention_gluon(q, k, v, pingpong=True)
+    o = attention_gluon(q, k, v, pingpong=True, enable_gqa=True)
     torch.cuda.synchronize()
-    err = float((o.float() - naive_attention(q, k, v).float()).abs().max())
+    err = float((o.float() - naive_attention(q, k, v, enable_gqa=True).float()).abs().max())
     print("ping-pong max |error|", err)
     sys.exit(0 if err < 1e-2 else 1)

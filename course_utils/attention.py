@@ -184,11 +184,18 @@ def block_sizes_from_sram(M, d, rounding="floor"):
     """Tile sizes ``(Br, Bc)`` from an on-chip memory of ``M`` floats and head dim ``d``,
     as in FlashAttention-1's Algorithm 1: ``Bc = M / (4 d)`` and ``Br = min(Bc, d)``.
 
-    The factor 4: a ``Bc x d`` tile of each of K and V, a ``Br x d`` tile of each of
-    Q and O must fit together (with ``Br <= Bc`` that is at most ``4 Bc d`` floats).
-    The paper writes the ceiling; rounding up can overflow the memory by one row
-    (M = 59, d = 3: ceil gives Bc = 5, so 4 * 5 * 3 = 60 > 59 floats), so the default
-    rounds down; ``rounding="ceil"`` gives the paper's literal formula."""
+    The factor 4: a ``Bc x d`` tile of each of K and V and a ``Br x d`` tile of each
+    of Q and O share the memory, a quarter each when ``Br = Bc``. The cap ``Br <= d``
+    is for the fifth tile, the ``Br x Bc`` scores ``S_ij``: it bounds them by
+    ``d * Bc <= M / 4`` numbers whatever ``d``; uncapped, ``(M / 4d)**2`` exceeds ``M``
+    once ``M > 16 d**2``. The rule is a budget up to a constant (at worst the five
+    tiles need ``1.25 M``), which is what the paper's O(M) analysis needs.
+
+    The paper writes the ceiling, yet its example (M = 59, d = 3) uses Bc = 4, which
+    is the floor (ceil(59 / 12) = 5). With the ceiling the four operand tiles still
+    fit (2*5*3 + 2*3*3 = 48 <= 59) but the score tile does not (48 + 15 = 63 > 59);
+    with the floor all five do (42 + 12 = 54). So the default rounds down, and
+    ``rounding="ceil"`` gives the paper's literal formula."""
     for name, x in (("M", M), ("d", d)):
         if isinstance(x, bool) or not isinstance(x, int):
             raise TypeError(f"{name} must be a positive int, got {type(x).__name__}")
@@ -243,10 +250,12 @@ class TrafficCounter:
     def total(self):
         return self.total_reads + self.total_writes
 
-    def as_dict(self):
-        """``{"Q reads": .., "K reads": .., ...}`` with every name in a fixed order."""
+    def as_dict(self, names=("Q", "K", "V", "O", "l", "m", "lse")):
+        """``{"Q reads": .., "Q writes": .., ...}`` for every tensor in ``names`` (default:
+        the forward's; the backward's are ``course_utils.backward.BACKWARD_TENSORS``), in
+        that order: the one traffic format of the formulas and the widgets."""
         out = {}
-        for name in ("Q", "K", "V", "O", "l", "m", "lse"):
+        for name in names:
             out[f"{name} reads"] = self.reads.get(name, 0)
             out[f"{name} writes"] = self.writes.get(name, 0)
         return out

@@ -48,6 +48,7 @@ __all__ = [
     "attention_backward_reference",
     "autograd_reference",
     "backward_traffic_formula",
+    "BACKWARD_TENSORS",
     "AllocationTracker",
 ]
 
@@ -121,6 +122,10 @@ def _write(counter, name, tile, per=1):
         counter.write(name, tile.numel() * per)
 
 
+# the tensors the backward moves, in the order its traffic is reported
+BACKWARD_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV")
+
+
 def backward_traffic_formula(Nq, Nk, D, Br, Bc, *, B=1, H=1, is_causal=False, d_trick=True):
     """Elements :func:`flash_attention_backward` moves, per tensor, from the lesson's formulas.
 
@@ -142,7 +147,10 @@ def backward_traffic_formula(Nq, Nk, D, Br, Bc, *, B=1, H=1, is_causal=False, d_
     ===============  ==========================  ==================================
 
     With the causal mask only visible tile pairs count (and key tiles no query sees are
-    never loaded). Returns ``{"reads": {...}, "writes": {...}}``.
+    never loaded). Returns the format of :meth:`TrafficCounter.as_dict` and of
+    :func:`~course_utils.attention.traffic_formula`: ``{"K reads": .., "K writes": .., ...}``
+    for every name of :data:`BACKWARD_TENSORS`, so
+    ``counter.as_dict(BACKWARD_TENSORS) == backward_traffic_formula(...)``.
     """
     for name, x in (("Nq", Nq), ("Nk", Nk), ("D", D), ("Br", Br), ("Bc", Bc), ("B", B), ("H", H)):
         if x is None:
@@ -163,7 +171,11 @@ def backward_traffic_formula(Nq, Nk, D, Br, Bc, *, B=1, H=1, is_causal=False, d_
     else:
         r["O"], r["dO"], w["D"] = 0, 2 * rows * D, rows
     n = B * H
-    return {"reads": {k: x * n for k, x in r.items()}, "writes": {k: x * n for k, x in w.items()}}
+    out = {}
+    for name in BACKWARD_TENSORS:
+        out[f"{name} reads"] = r.get(name, 0) * n
+        out[f"{name} writes"] = w.get(name, 0) * n
+    return out
 
 
 # --------------------------------------------------------------------------- the pass

@@ -113,8 +113,10 @@ class Implementation:
     (the device Triton compiles for: the CPU interpreter or the GPU), ``"hopper"`` (an
     sm90 GPU). ``strides``: ``"any"``, ``"contiguous"`` (copied when not).
     ``multiple_of``: ``Nq`` and ``Nk`` must be multiples of it. ``backward``: gradients
-    flow. ``gqa``: takes ``Hkv < Hq``. ``kind``: ``"sdpa"`` (q, k, v) or ``"decode"``
-    (q against a KV cache)."""
+    flow. ``kind``: ``"sdpa"`` (q, k, v, SDPA's defaults) or ``"decode"`` (q against a KV
+    cache laid out per kv head, so ``enable_gqa`` defaults to True, as in flash-attn's
+    ``flash_attn_with_kvcache``). Every implementation computes the non-causal case and
+    takes GQA (``Hkv`` dividing ``Hq``)."""
     name: str
     module: str
     function: str
@@ -127,9 +129,7 @@ class Implementation:
     strides: str = "any"
     multiple_of: int = 1
     backward: bool = False
-    gqa: bool = True
     kind: str = "sdpa"
-    noncausal: bool = True
 
     def load(self):
         """The function itself (imported on first use: Hopper modules need a GPU)."""
@@ -140,17 +140,6 @@ class Implementation:
         from course_utils import device
         if self.devices == "hopper":
             return device.IS_HOPPER
-        return True
-
-    def supports(self, *, dtype=None, head_dim=None, alignment=None, is_causal=False) -> bool:
-        if dtype is not None and dtype not in self.dtypes:
-            return False
-        if head_dim is not None and not self._head_dim_ok(head_dim):
-            return False
-        if is_causal and (alignment or self.default_alignment) not in self.alignments:
-            return False
-        if not is_causal and not self.noncausal:
-            return False
         return True
 
     def _head_dim_ok(self, d):
@@ -251,9 +240,6 @@ def validate_attention(q, k, v, *, is_causal=False, alignment=None, scale=None,
         if not enable_gqa:
             raise GQAError(f"{nq_} has {hq} heads but {nk_} and {nv_} have {hkv}: pass "
                            f"enable_gqa=True for grouped-query attention (as in SDPA)")
-        if not rec.gqa:
-            raise GQAError(f"{rec.function} needs as many key/value heads as query heads, "
-                           f"got Hq={hq}, Hkv={hkv}")
         if hq % hkv != 0:
             raise GQAError(f"{nq_}'s head count Hq={hq} must be a multiple of {nk_}'s and "
                            f"{nv_}'s head count Hkv={hkv} (Hq % Hkv == 0 for GQA and MQA)")
@@ -290,17 +276,16 @@ def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware=Tru
         raise TypeError(f"{what} takes {', '.join(str(t).replace('torch.', '') for t in rec.dtypes)}"
                         f" tensors, got {q.dtype}")
     if not rec._head_dim_ok(d):
-        allowed = (f"one of {rec.head_dims}" if rec.head_dims is not None
-                   else f"at most {rec.max_head_dim}")
-        raise ValueError(f"head dim D={d} is not supported by {what}: D must be {allowed}")
+        if rec.head_dims is not None:
+            raise ValueError(f"head dim D must be one of {rec.head_dims} for {what}, got D={d}")
+        raise ValueError(f"head dim D={d} is too large for {what}: D must be at most "
+                         f"{rec.max_head_dim}")
     if is_causal and alignment not in rec.alignments:
         if not rec.alignments:
-            raise ValueError(f"{what} computes attention without a causal mask only: pass "
+            raise ValueError(f"{what} computes non-causal attention only: pass "
                              f"is_causal=False")
         raise ValueError(f"{what} supports the causal alignments {rec.alignments}, "
                          f"got alignment={alignment!r}")
-    if not is_causal and not rec.noncausal:
-        raise ValueError(f"{what} computes causal attention only: pass is_causal=True")
     if rec.multiple_of > 1:
         for name, n in (("Nq", nq), ("Nk", nk)):
             if n % rec.multiple_of:

@@ -195,7 +195,8 @@ def split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, is_c
     """The partial states of split-KV decoding, one per chunk of the cache.
 
     Returns a list of ``num_splits`` :class:`AttentionState` with ``m``, ``l`` of shape
-    ``(B, Hq, Nq)`` and ``acc`` of shape ``(B, Hq, Nq, D)`` in float32: for chunk ``c``,
+    ``(B, Hq, Nq)`` and ``acc`` of shape ``(B, Hq, Nq, D)`` in float32 (float64 for
+    float64 inputs): for chunk ``c``,
     ``m`` is the largest score in the chunk, ``l = sum exp(s - m)`` and
     ``acc = sum exp(s - m) v`` (unnormalised). A chunk with no visible key has
     ``m = -inf``, ``l = 0``, ``acc = 0``. Natural-log units, like lesson 3."""
@@ -203,20 +204,21 @@ def split_kv_states(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, is_c
                                 alignment=alignment, scale=scale, enable_gqa=enable_gqa,
                                 impl="split_kv")
     b, hq, hkv, nq, lmax, d, scale, group = sh[:8]
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
     lengths = _lengths(cache_seqlens, b, lmax)
     _, bounds = chunk_bounds(max(lengths), num_splits)
     states = []
     for lo, hi in bounds:
-        m = torch.full((b, hq, nq), float("-inf"), device=q.device)
-        l = torch.zeros(b, hq, nq, device=q.device)
-        acc = torch.zeros(b, hq, nq, d, device=q.device)
+        m = torch.full((b, hq, nq), float("-inf"), dtype=work, device=q.device)
+        l = torch.zeros(b, hq, nq, dtype=work, device=q.device)
+        acc = torch.zeros(b, hq, nq, d, dtype=work, device=q.device)
         for i, length in enumerate(lengths):
             end = min(hi, length)
             if end <= lo:
                 continue
-            k = k_cache[i, :, lo:end].float().repeat_interleave(group, dim=0)
-            v = v_cache[i, :, lo:end].float().repeat_interleave(group, dim=0)
-            s = (q[i].float() @ k.transpose(-1, -2)) * scale
+            k = k_cache[i, :, lo:end].to(work).repeat_interleave(group, dim=0)
+            v = v_cache[i, :, lo:end].to(work).repeat_interleave(group, dim=0)
+            s = (q[i].to(work) @ k.transpose(-1, -2)) * scale
             if sh.is_causal:
                 pos = torch.arange(lo, end, device=q.device)
                 t = torch.arange(nq, device=q.device)
@@ -240,8 +242,7 @@ def split_kv_attention(q, k_cache, v_cache, num_splits, cache_seqlens=None, *, i
     for st in states[1:]:
         total = merge_states(total, st)
     o = total.output.to(q.dtype)
-    lse = total.lse.float()
-    return (o, lse) if return_lse else o
+    return (o, total.lse) if return_lse else o
 
 
 def kv_bytes_per_step(batch, kv_heads, cache_len, head_dim, bytes_per_elem=2):

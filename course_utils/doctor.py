@@ -2,16 +2,24 @@
 
 It reports versions, the device, the compute capability and whether Triton runs
 compiled or through the interpreter, then runs a tiny Triton kernel whose answer
-is known. Known problems come back as one line with the fix, not a traceback.
+is known, compares torch and Triton with the versions the course was tested with
+(``data/tested_versions.ini``, the file the set-up installs from) and says which
+lessons this machine runs. Known problems come back as one line with the fix, not
+a traceback.
 """
 from __future__ import annotations
 
+import configparser
 import importlib
+import importlib.metadata
 import platform
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import device
+
+TESTED_FILE = Path(__file__).resolve().parent / "data" / "tested_versions.ini"
 
 PACKAGES = ["torch", "triton", "numpy", "matplotlib", "ipywidgets", "jupyterlab", "nbval"]
 
@@ -23,11 +31,42 @@ class Finding:
 
 
 def _version(name):
+    if name == "triton" and not device.HAS_TRITON:
+        return None
     try:
         mod = importlib.import_module(name)
     except Exception:  # noqa: BLE001 - any import failure means "not usable"
         return None
-    return getattr(mod, "__version__", "unknown")
+    version = getattr(mod, "__version__", None)
+    if version is None:  # e.g. jupyterlab exposes no __version__ on some releases
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+    return version
+
+
+def tested_versions(path: Path = TESTED_FILE) -> dict[str, dict[str, str]]:
+    """The tested sets: ``{"cpu": {"torch": "2.13.0", "triton": "3.9.0", ...}, "gpu": {...}}``."""
+    cfg = configparser.ConfigParser()
+    if not cfg.read(path, encoding="utf-8"):
+        return {}
+    return {name: dict(cfg[name]) for name in cfg.sections()}
+
+
+def tested_set(versions: dict, tested: dict) -> str | None:
+    """The name of the tested set whose torch and Triton match the installed ones, or None
+    (without Triton, torch alone decides)."""
+    torv, tv = _vtuple(versions.get("torch")), _vtuple(versions.get("triton"))
+    for name, s in tested.items():
+        if torv == _vtuple(s.get("torch")) and (tv is None or tv == _vtuple(s.get("triton"))):
+            return name
+    return None
+
+
+def _describe_sets(tested: dict) -> str:
+    return "; ".join(f"{name}: torch {s.get('torch')} + triton {s.get('triton')} "
+                     f"(Python {s.get('python')})" for name, s in tested.items())
 
 
 def _vtuple(v: str | None):
@@ -41,16 +80,30 @@ def _vtuple(v: str | None):
 
 
 def diagnose(versions: dict, interpret: bool, has_gpu: bool, triton_first: bool = False,
-             kernel_error: str | None = None) -> list[Finding]:
-    """Turn what is installed into findings. Pure, so each rule is testable."""
+             kernel_error: str | None = None, tested: dict | None = None,
+             system: str | None = None) -> list[Finding]:
+    """Turn what is installed into findings. Pure, so each rule is testable.
+    ``tested`` is :func:`tested_versions`'s dict (None: do not compare versions);
+    ``system`` is ``sys.platform`` (Triton has wheels for Linux only)."""
+    system = system or sys.platform
     out = []
     tv, nv, torv = _vtuple(versions.get("triton")), _vtuple(versions.get("numpy")), \
         _vtuple(versions.get("torch"))
     if torv is None:
         out.append(Finding("error", "torch is not installed: run `python course.py setup`."))
-    if tv is None:
+    if tv is None and system.startswith("linux"):
         out.append(Finding("error", "triton is not installed: run `python course.py setup` "
-                                    "(on CPU it installs triton 3.9 for the interpreter)."))
+                                    "(it installs the tested Triton for this machine)."))
+    elif tv is None:
+        out.append(Finding("warn", device.triton_missing_message(system)))
+    if tested and torv is not None and tested_set(versions, tested) is None:
+        pair = f"torch {versions['torch']}" + (f" + triton {versions['triton']}" if tv else "")
+        out.append(Finding(
+            "warn", f"{pair} is outside what the course was tested with "
+                    f"({_describe_sets(tested)}). "
+                    "Most lessons still work; if a check fails for no reason you can see, "
+                    "remove `.venv` and run `python course.py setup` again: it installs a "
+                    "tested set where it can and says why when it cannot."))
     if interpret and tv and nv and tv < (3, 7) and nv >= (2, 4):
         out.append(Finding(
             "error",
@@ -116,7 +169,13 @@ def doctor(run_kernel: bool = True, file=None) -> bool:
     p(f"  capability    {info['compute_capability'] or '-'}")
     mode = "interpreter (TRITON_INTERPRET=1, runs on CPU)" if info["triton_interpret"] \
         else "compiled for the GPU"
+    if not info["has_triton"]:
+        mode = "Triton is not installed"
     p(f"  triton mode   {mode}")
+    tested = tested_versions()
+    match = tested_set(versions, tested)
+    p(f"  tested with   {_describe_sets(tested) or '(tested_versions.ini is missing)'}")
+    p("  this machine  " + (f"the tested [{match}] set" if match else "not a tested set"))
     kernel_error = None
     if run_kernel and versions["triton"] and versions["torch"]:
         try:
@@ -127,8 +186,10 @@ def doctor(run_kernel: bool = True, file=None) -> bool:
         except Exception as e:  # noqa: BLE001 - reported as one line below
             kernel_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             p("  test kernel   failed")
+    for which, how in device.lessons():
+        p(f"  {which}: {how}")
     findings = diagnose(versions, info["triton_interpret"], device.HAS_GPU, triton_first,
-                        kernel_error)
+                        kernel_error, tested=tested)
     for f in findings:
         p(f"  [{f.level}] {f.message}")
     return all(f.level != "error" for f in findings)

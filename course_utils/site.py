@@ -15,9 +15,15 @@ nbconvert's ``lab`` template into ``<out>/notebooks/``; writes an index page wit
 the lesson map; copies the files the lessons link to (rewriting links between
 lessons from ``.ipynb`` to ``.html``); and then runs ``check``.
 
+The math of the lessons is rendered at build time: every ``$...$`` and
+``$$...$$`` of a markdown cell becomes MathML (with ``latex2mathml``), which
+browsers draw natively, and the template's remote scripts (MathJax, require.js,
+mermaid from a CDN) are removed, so a page reads the same without a network.
+
 ``check`` reads every page of a built site and lists broken internal links
-(including ``#anchors``), missing images and images without a source; ``build``
-also lists any live widget left without a static fallback. Both exit with
+(including ``#anchors``), missing images, images without a source, scripts
+loaded from another site and math left as LaTeX; ``build`` also lists any live
+widget left without a static fallback. Both exit with
 status 1 and the list when something is wrong.
 
 Executed lessons are kept in ``build/site-cache/``, keyed by the notebook and
@@ -51,7 +57,8 @@ _EXTERNAL = ("http:", "https:", "mailto:", "javascript:", "tel:", "ftp:")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REF_RE = re.compile(r"""(\s(?:href|src)\s*=\s*)(["'])(.*?)\2""", re.I | re.S)
 
-__all__ = ["build", "check", "freeze_widgets", "lesson_paths", "main"]
+__all__ = ["build", "check", "freeze_widgets", "latex_to_mathml", "lesson_paths", "main",
+           "render_math", "strip_remote_scripts"]
 
 
 # ---------------------------------------------------------------------- lessons
@@ -460,6 +467,74 @@ def _add_nav(body, pages, k):
     return body[:m.end()] + nav + body[m.end():] if m else nav + body
 
 
+# ---------------------------------------------------------------------- offline math
+_SKIP_TAGS = ("pre", "code", "script", "style", "textarea", "math")
+_TAG = re.compile(r"(<!--.*?-->|<[^>]+>)", re.S)
+_MATH = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\$([^$]+?)\$|\\\((.+?)\\\)", re.S)
+_TEXT_CMD = re.compile(r"\\(text|mathrm|texttt|textbf)\{([^{}]*)\}")
+_REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=\s*[\"']?(?:https?:)?//[^>]*>.*?</script>", re.S | re.I)
+_MATHJAX_CONFIG = re.compile(r"<script\b[^>]*type=[\"']text/x-mathjax-config[\"'][^>]*>.*?</script>", re.S | re.I)
+_INLINE_SCRIPT = re.compile(r"<script\b([^>]*)>(.*?)</script>", re.S | re.I)
+_REMOTE_IMPORT = re.compile(r"""import\s*\(?\s*["'](?:https?:)?//""")
+
+
+def latex_to_mathml(tex: str, display: bool = False) -> str:
+    """One formula as MathML (one line, no markdown-special characters in it).
+    Raises ``ValueError`` naming the formula when it cannot be converted."""
+    try:
+        from latex2mathml.converter import convert
+    except ImportError as exc:   # pragma: no cover - a dependency of the package
+        raise ImportError("the site renders math with latex2mathml: pip install latex2mathml") from exc
+    src = tex.strip()
+    # environments and escapes latex2mathml reads differently from MathJax
+    src = src.replace("\\begin{aligned}", "\\begin{align*}").replace("\\end{aligned}", "\\end{align*}")
+    src = _TEXT_CMD.sub(lambda m: f"\\{m.group(1)}{{{m.group(2).replace(chr(92) + '_', '_')}}}", src)
+    try:
+        out = convert(src, display="block" if display else "inline")
+    except Exception as exc:  # noqa: BLE001 - any parser error is a formula it cannot draw
+        raise ValueError(f"cannot render the formula {tex.strip()[:80]!r}: {type(exc).__name__}: {exc}") from None
+    if re.search(r"&(?!#?\w+;)", out) or "<merror" in out:
+        raise ValueError(f"cannot render the formula {tex.strip()[:80]!r}: the converter left "
+                         f"LaTeX in its output")
+    return out.replace("\n", "")
+
+
+def render_math(body: str) -> tuple[str, list[str]]:
+    """Replace the LaTeX of every text node (outside ``pre``, ``code``, ``script``,
+    ``style``) by MathML; returns the page and the formulas it could not convert."""
+    problems = []
+    parts = _TAG.split(body)
+    depth = 0
+    for k, part in enumerate(parts):
+        if k % 2:                                   # a tag or a comment
+            m = re.match(r"<(/?)([a-zA-Z][\w-]*)", part)
+            if m and m.group(2).lower() in _SKIP_TAGS and not part.endswith("/>"):
+                depth += -1 if m.group(1) else 1
+                depth = max(depth, 0)
+            continue
+        if depth or "$" not in part and "\\(" not in part and "\\[" not in part:
+            continue
+
+        def repl(m):
+            block = m.group(1) is not None or m.group(2) is not None
+            tex = html.unescape(next(g for g in m.groups() if g is not None))
+            try:
+                return latex_to_mathml(tex, display=block)
+            except ValueError as exc:
+                problems.append(str(exc))
+                return m.group(0)
+        parts[k] = _MATH.sub(repl, part)
+    return "".join(parts), problems
+
+
+def strip_remote_scripts(body: str) -> str:
+    """Remove the scripts a page would fetch from another site (MathJax, require.js
+    and mermaid from a CDN): the pages are static and their math is MathML."""
+    body = _REMOTE_SCRIPT.sub("", body)
+    body = _MATHJAX_CONFIG.sub("", body).replace("<!-- MathJax configuration -->", "")
+    return _INLINE_SCRIPT.sub(lambda m: "" if _REMOTE_IMPORT.search(m.group(2)) else m.group(0), body)
+
+
 def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache=True,
           timeout=600, cache_dir=CACHE_DIR, save_executed=None, log=print) -> BuildReport:
     """Build the site into ``out`` and check it; returns a :class:`BuildReport`
@@ -504,6 +579,8 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
         nb = nbs[p]
         report.problems.extend(_static_problems(p.name, nb, execute))
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": pages[k][1]}})
+        body, bad_math = render_math(strip_remote_scripts(body))
+        report.problems.extend(f"{p.name}: {line}" for line in bad_math)
         body = _link_files(body, rendered, out, paths[0].parent)
         body = _add_nav(body, pages, k)
         (out / "notebooks" / f"{p.stem}.html").write_text(body, encoding="utf-8")
@@ -526,9 +603,19 @@ class _Page(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.ids, self.refs = set(), []
+        self.remote_scripts, self.math, self.tex = [], 0, []
+        self._in = []
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag == "script":
+            src = (a.get("src") or "").strip()
+            if src.startswith("//") or src.lower().startswith(("http:", "https:")):
+                self.remote_scripts.append(src)
+        if tag == "math":
+            self.math += 1
+        if tag in _SKIP_TAGS:
+            self._in.append(tag)
         for key in ("id", "name"):
             if a.get(key):
                 self.ids.add(unquote(a[key]))
@@ -538,7 +625,22 @@ class _Page(HTMLParser):
             if a.get(attr) is not None and (tag != "img" or a[attr].strip()):
                 self.refs.append((tag, attr, a[attr].strip()))
 
-    handle_startendtag = handle_starttag
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if self._in and self._in[-1] == tag:
+            self._in.pop()
+
+    def handle_endtag(self, tag):
+        if tag in self._in:
+            while self._in and self._in.pop() != tag:
+                pass
+
+    def handle_data(self, data):
+        if self._in and self._in[-1] == "script" and _REMOTE_IMPORT.search(data):
+            self.remote_scripts.append("an inline script importing from another site")
+        elif not self._in:
+            self.tex.extend(m.group(0)[:60] for m in _MATH.finditer(data)
+                            if "\\" in m.group(0) or "$$" in m.group(0))
 
 
 def _parse(path: Path) -> _Page:
@@ -561,6 +663,10 @@ def check(site="site") -> list[str]:
     problems = []
     for page, info in parsed.items():
         where = page.relative_to(site).as_posix()
+        for src in info.remote_scripts:
+            problems.append(f"{where}: script from another site: {src} (the site must work offline)")
+        for tex in info.tex:
+            problems.append(f"{where}: math left as LaTeX: {tex!r}")
         for tag, attr, ref in info.refs:
             kind = "missing image" if tag in ("img", "image") else "broken link"
             if not ref:

@@ -19,7 +19,8 @@ class AllocationTracker:
     created inside the block (inputs made before it do not count), the CPU
     counterpart of ``torch.cuda.max_memory_allocated``. ``shapes``: the shape of
     every tensor an operation produced, in order, so a test can ask whether some
-    ``Nq x Nk`` matrix ever existed. Built on ``TorchDispatchMode``: each operator's
+    ``Nq x Nk`` matrix ever existed; ``ops``: the name of the operator that produced
+    each of them (``"mm"``, ``"bmm"``, ...). Built on ``TorchDispatchMode``: each operator's
     outputs are seen once, and a storage is counted as freed when Python drops its
     last reference."""
 
@@ -27,6 +28,7 @@ class AllocationTracker:
         self.peak_bytes = 0
         self.current_bytes = 0
         self.shapes = []
+        self.ops = []
         self._live = {}
         self._mode = None
 
@@ -34,9 +36,10 @@ class AllocationTracker:
         n = self._live.pop(key, 0)
         self.current_bytes -= n
 
-    def _see(self, t):
+    def _see(self, t, op=""):
         import weakref
         self.shapes.append(tuple(t.shape))
+        self.ops.append(op)
         st = t.untyped_storage()
         key = id(st)
         if key in self._live:
@@ -69,7 +72,7 @@ class AllocationTracker:
                 out = func(*args, **(kwargs or {}))
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor):
-                        tracker._see(t)
+                        tracker._see(t, str(func.overloadpacket.__name__))
                 return out
 
         self._mode = _Mode()

@@ -16,7 +16,13 @@ scale once (``qk_scale = scale * log2(e)``), so every exponential is an ``exp2``
 key loop is split in two: tiles that need no mask at all (every key visible to every
 row of the tile: "off-band") run without a single comparison; the few tiles that cut
 through the causal diagonal or the end of the sequence ("on-band") run with masks.
-It writes ``O`` and the natural-log ``lse`` of each row.
+It writes ``O`` and the natural-log ``lse`` of each row. The kernel also takes a
+diagonal offset (key ``j`` visible to query ``i`` when ``j <= i + DIAG``; 0 is SDPA's
+top-left mask, ``Nk - Nq`` the bottom-right one): a row that then sees no key at all gets
+``o = 0`` and ``lse = -inf``. Tile origins are 64-bit (``b``, ``h`` and the tile's first
+row times its stride), offsets inside a tile 32-bit, so tensors past 2**31 elements and
+views with long row strides (a packed QKV tensor) work. Causal query tiles start longest
+first. Autotuning is keyed by the next power of two of the lengths.
 
 Backward, three kernels (lesson 5's formulas, with ``P = exp2(qk_scale * S - lse * log2 e)``):
 
@@ -57,7 +63,7 @@ from course_utils.contract import IMPLEMENTATIONS, validate_attention  # noqa: E
 
 __all__ = ["triton_attention", "triton_attention_forward", "triton_attention_backward",
            "TritonAttention", "SUPPORTED_HEAD_DIMS", "MAX_HEAD_DIM", "LOG2E",
-           "padded_head_dim", "fwd_configs", "bwd_configs"]
+           "padded_head_dim", "fwd_configs", "bwd_configs", "length_bucket"]
 
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
@@ -77,7 +83,10 @@ def fwd_configs():
     """Tile shapes tried for the forward: (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     if device.INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    shapes = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 2)]
+    # measured on an H100 (benchmarks/<device>/ablation_fwd.md): 128 x 128 tiles with 8
+    # warps and 3 stages win at D = 128, 128 x 64 with 8 warps at D = 64; 4-warp and
+    # 2-stage variants never won. 64 x 64 stays for head dim 256 (see _fits).
+    shapes = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2)]
     if not _AUTOTUNE:
         shapes = [(64, 64, 4, 2)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
@@ -115,9 +124,10 @@ def _tuned(configs, key):
     if device.INTERPRET:
         return lambda fn: triton.autotune(configs=configs, key=key)(fn)
     def bench(fn, quantiles=None, **_):
-        # short timing runs: the configurations differ by far more than the noise
+        # keys are length buckets, so tuning is rare: time long enough that the
+        # run-to-run spread (several per cent on an H100) does not pick the config
         import triton.testing
-        return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+        return triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=quantiles)
     return lambda fn: triton.autotune(configs=configs, key=key, do_bench=bench,
                                       prune_configs_by={"early_config_prune": _fits})(fn)
 
@@ -128,7 +138,8 @@ def _tuned(configs, key):
 # add compile time, so they are not specialised. Strides still are.
 def _jit(fn):
     import inspect
-    names = [n for n in ("HQ", "HKV", "GROUP", "NQ", "NK", "D", "CAUSAL_OFF")
+    names = [n for n in ("HQ", "HKV", "GROUP", "NQ", "NK", "D", "DIAG", "CAUSAL_OFF",
+                         "NQ_BUCKET", "NK_BUCKET")
              if n in inspect.signature(fn).parameters]
     return triton.jit(do_not_specialize=names)(fn)
 
@@ -145,39 +156,68 @@ def _mm(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d, D, NK, lo, hi,
-               qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               PAD_D: tl.constexpr, UPCAST: tl.constexpr):
+def _mma(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` as one ``tl.dot(a, b, acc)``: the tensor cores add into the
+    accumulator they already hold, so no separate tile-wide addition is needed."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m, offs_n, offs_d,
+               D, NK, DIAG, lo, hi, qk_scale,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               PAD_D: tl.constexpr, UPCAST: tl.constexpr, POS_SCALE: tl.constexpr):
     """Stream key/value tiles ``[lo, hi)`` past the running state of one query tile.
-    ``MASKED=False``: every key of every tile is visible, so no comparison is made."""
-    offs_n = tl.arange(0, BLOCK_N)
+    ``MASKED=False``: every key of every tile is visible, so no comparison is made.
+
+    ``k_base``/``v_base`` point at the head's first key; the tile at ``start_n`` starts
+    ``start_n * stride`` elements further, a 64-bit scalar, while the offsets inside a
+    tile (``k_off``, ``v_off``) stay small 32-bit numbers computed once."""
     for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        k_ptrs = k_base + cols[:, None] * skn + offs_d[None, :]
-        v_ptrs = v_base + cols[:, None] * svn + offs_d[None, :]
+        k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_off
+        v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_off
         if MASKED:
-            ok = cols[:, None] < NK
+            ok = (start_n + offs_n)[:, None] < NK
             if PAD_D:
                 ok = ok & (offs_d[None, :] < D)
             k = tl.load(k_ptrs, mask=ok, other=0.0)
-            v = tl.load(v_ptrs, mask=ok, other=0.0)
         elif PAD_D:
             k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
         else:
             k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        s = _mm(q, tl.trans(k), UPCAST) * qk_scale          # scores in base-2 units
+        qk = _mm(q, tl.trans(k), UPCAST)                    # raw scores Q K^T
         if MASKED:
+            cols = start_n + offs_n
             visible = cols[None, :] < NK
             if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None])
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)                  # rescales the old state
-        p = tl.exp2(s - m_new[:, None])
+                visible = visible & (cols[None, :] <= offs_m[:, None] + DIAG)
+            s = tl.where(visible, qk * qk_scale, float("-inf"))   # base-2 units
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no visible key yet keeps m = -inf; subtracting 0
+            # instead keeps exp2(-inf - -inf) = NaN out of p and alpha
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[:, None])
+            alpha = tl.exp2(m_i - m_use)
+        else:
+            # the scale is folded into the max (a positive factor commutes with max), so
+            # qk * qk_scale - m is one fused multiply-add per score
+            if POS_SCALE:
+                m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            else:
+                m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+            p = tl.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, UPCAST)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=ok, other=0.0)
+        elif PAD_D:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -185,54 +225,78 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m, offs_d, D, NK
 @_jit
 def _attn_fwd_kernel(Q, K, V, O, LSE,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                     HQ, GROUP, NQ, NK, D, qk_scale, CAUSAL_OFF,
+                     HQ, GROUP, NQ, NK, D, DIAG, qk_scale, NQ_BUCKET, NK_BUCKET,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                     UPCAST: tl.constexpr,
+                     UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig)
+    # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig).
+    # With CAUSAL, key j is visible to query i when j <= i + DIAG (DIAG = 0: SDPA's
+    # top-left mask; DIAG = NK - NQ: the bottom-right mask of decoding).
+    # the causal split below starts the masked tiles at a multiple of BLOCK_N
+    tl.static_assert(BLOCK_M % BLOCK_N == 0, "BLOCK_M must be a multiple of BLOCK_N")
     pid_m = tl.program_id(0)
+    if CAUSAL:
+        # longest rows first: the last query tiles see the most keys, so they start
+        # first and the short tiles fill the gaps at the end of the grid
+        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
     h = (bh % HQ).to(tl.int64)
     kvh = h // GROUP
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m[:, None] < NQ
     if PAD_D:
         row_ok = row_ok & (offs_d[None, :] < D)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :],
-                mask=row_ok, other=0.0)
+    # 64-bit tile origins (b, h, first row); 32-bit offsets inside the tile
+    q_tile = b * sqb + h * sqh + tl.cast(start_m, tl.int64) * sqn
+    in_q = tl.arange(0, BLOCK_M)[:, None] * sqn + offs_d[None, :]
+    q = tl.load(Q + q_tile + in_q, mask=row_ok, other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
+    k_off = offs_n[:, None] * skn + offs_d[None, :]
+    v_off = offs_n[:, None] * svn + offs_d[None, :]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     nk_full = NK - NK % BLOCK_N                      # keys in whole, in-range tiles
-    # causal: row i sees keys j <= i + CAUSAL_OFF (0: upper-left, Nk - Nq: lower-right)
+    # causal: row i sees keys j <= i + DIAG (0: upper-left, Nk - Nq: lower-right)
     if CAUSAL:
-        # off-band: keys < start_m + CAUSAL_OFF are visible to every row of this tile
-        mid = tl.minimum(tl.maximum(start_m + CAUSAL_OFF, 0) // BLOCK_N * BLOCK_N, nk_full)
-        hi = tl.minimum(start_m + BLOCK_M + CAUSAL_OFF, NK)  # on-band ends at the last row
+        # off-band: keys <= start_m + DIAG are visible to every row of this tile
+        mid = tl.maximum(tl.minimum((start_m + DIAG + 1) // BLOCK_N * BLOCK_N, nk_full), 0)
+        # on-band ends after the last key the tile's last row sees
+        hi = tl.maximum(tl.minimum(start_m + BLOCK_M + DIAG, NK), mid)
     else:
         mid = nk_full
         hi = NK
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF,
-                               offs_d, D, NK, 0, mid, qk_scale, BLOCK_N, False, CAUSAL, PAD_D,
-                               UPCAST)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF,
-                               offs_d, D, NK, mid, hi, qk_scale, BLOCK_N, True, CAUSAL, PAD_D,
-                               UPCAST)
-    o = acc / l_i[:, None]
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :],
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
+                               offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
+                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
+                               offs_m, offs_n, offs_d, D, NK, DIAG, mid, hi, qk_scale,
+                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE)
+    # a row that sees no key at all: output 0 and lse -inf (SDPA gives NaN there)
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    o_tile = b * sob + h * soh + tl.cast(start_m, tl.int64) * son
+    tl.store(O + o_tile + tl.arange(0, BLOCK_M)[:, None] * son + offs_d[None, :],
              o.to(O.dtype.element_ty), mask=row_ok)
     # natural-log lse, the same convention as lessons 3-5
-    lse = (m_i + tl.log2(l_i)) * _LN2
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_i)) * _LN2)
     tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
-_attn_fwd = _tuned(fwd_configs(), ["NQ", "NK", "HEAD_DIM", "CAUSAL", "PAD_D"])(_attn_fwd_kernel)
+_FWD_KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D"]
+_attn_fwd = _tuned(fwd_configs(), _FWD_KEY)(_attn_fwd_kernel)
+
+
+def length_bucket(n: int) -> int:
+    """The autotuner's key for a length: the next power of two, so a sweep over N
+    tunes once per octave instead of once per N."""
+    return triton.next_power_of_2(max(1, int(n)))
 
 
 # --------------------------------------------------------------------------- backward
@@ -243,11 +307,15 @@ def _attn_bwd_delta(O, DO, DELTA, sob, soh, son, sdb, sdh, sdn, HQ, NQ, D,
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
     h = (bh % HQ).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    start = tl.program_id(0) * BLOCK
+    offs_m = start + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = (offs_m[:, None] < NQ) & (offs_d[None, :] < D)
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :], mask=ok, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :], mask=ok,
+    row0 = tl.cast(start, tl.int64)
+    in_t = tl.arange(0, BLOCK)[:, None]
+    o = tl.load(O + b * sob + h * soh + row0 * son + in_t * son + offs_d[None, :], mask=ok,
+                other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + row0 * sdn + in_t * sdn + offs_d[None, :], mask=ok,
                  other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh.to(tl.int64) * NQ + offs_m, delta, mask=offs_m < NQ)
@@ -263,10 +331,12 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqn, sdn,
     Works on transposed tiles (keys along rows): ``S^T = K Q^T``, ``P^T``, ``dP^T = V dO^T``.
     Query rows past ``NQ`` load as zeros, so their ``dO`` and ``Q`` add nothing."""
     offs_m = tl.arange(0, BLOCK_M1)
+    qT_off = offs_m[None, :] * sqn + offs_d[:, None]                 # (D, BLOCK_M1): Q^T
+    do_off = offs_m[:, None] * sdn + offs_d[None, :]                 # (BLOCK_M1, D)
     for start_m in range(lo, hi, BLOCK_M1):
         rows = start_m + offs_m
-        q_ptrs = q_base + rows[None, :] * sqn + offs_d[:, None]      # (D, BLOCK_M1): Q^T
-        do_ptrs = do_base + rows[:, None] * sdn + offs_d[None, :]    # (BLOCK_M1, D)
+        q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + qT_off        # 64-bit tile origin
+        do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_off
         if MASKED:
             okT = rows[None, :] < NQ
             ok = rows[:, None] < NQ
@@ -304,9 +374,12 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
                           sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
                           HQ, HKV, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF,
+                          NQ_BUCKET, NK_BUCKET,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr,
                           BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr):
+    # the causal band below walks BLOCK_N1 query rows in steps of BLOCK_M1
+    tl.static_assert(BLOCK_N1 % BLOCK_M1 == 0, "BLOCK_N1 must be a multiple of BLOCK_M1")
     pid_n = tl.program_id(0)
     bkv = tl.program_id(1)
     b = (bkv // HKV).to(tl.int64)
@@ -317,9 +390,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     ok = offs_n[:, None] < NK
     if PAD_D:
         ok = ok & (offs_d[None, :] < D)
-    k = tl.load(K + b * skb + kvh * skh + offs_n[:, None] * skn + offs_d[None, :], mask=ok,
+    row0 = tl.cast(start_n, tl.int64)
+    in_t = tl.arange(0, BLOCK_N1)[:, None]
+    k = tl.load(K + b * skb + kvh * skh + row0 * skn + in_t * skn + offs_d[None, :], mask=ok,
                 other=0.0)
-    v = tl.load(V + b * svb + kvh * svh + offs_n[:, None] * svn + offs_d[None, :], mask=ok,
+    v = tl.load(V + b * svb + kvh * svh + row0 * svn + in_t * svn + offs_d[None, :], mask=ok,
                 other=0.0)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM], tl.float32)
@@ -348,9 +423,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              sqn, sdn, offs_n, offs_d, D, NQ, tl.maximum(lo, nq_full), NQ,
                              qk_scale, BLOCK_M1, True, False, PAD_D, UPCAST)
-    tl.store(DK + b * sdkb + kvh * sdkh + offs_n[:, None] * sdkn + offs_d[None, :],
+    tl.store(DK + b * sdkb + kvh * sdkh + row0 * sdkn + in_t * sdkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=ok)
-    tl.store(DV + b * sdvb + kvh * sdvh + offs_n[:, None] * sdvn + offs_d[None, :],
+    tl.store(DV + b * sdvb + kvh * sdvh + row0 * sdvn + in_t * sdvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=ok)
 
 
@@ -361,10 +436,12 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, 
     """Add the key tiles ``[lo, hi)`` into one query tile's ``dQ``. Keys past ``NK`` load
     as zeros: their ``dS`` is multiplied by a zero row of ``K`` and adds nothing."""
     offs_n = tl.arange(0, BLOCK_N2)
+    kT_off = offs_n[None, :] * skn + offs_d[:, None]                 # (D, BLOCK_N2): K^T
+    vT_off = offs_n[None, :] * svn + offs_d[:, None]
     for start_n in range(lo, hi, BLOCK_N2):
         cols = start_n + offs_n
-        kT_ptrs = k_base + cols[None, :] * skn + offs_d[:, None]     # (D, BLOCK_N2): K^T
-        vT_ptrs = v_base + cols[None, :] * svn + offs_d[:, None]
+        kT_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + kT_off      # 64-bit tile origin
+        vT_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + vT_off
         if MASKED:
             okT = cols[None, :] < NK
             if PAD_D:
@@ -392,10 +469,13 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, 
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
                         sdqb, sdqh, sdqn,
-                        HQ, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF,
+                        HQ, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF, NQ_BUCKET,
+                        NK_BUCKET,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr,
                         BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+    # the causal split below starts the masked key tiles at start_m
+    tl.static_assert(BLOCK_M2 % BLOCK_N2 == 0, "BLOCK_M2 must be a multiple of BLOCK_N2")
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
@@ -407,9 +487,11 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     ok = offs_m[:, None] < NQ
     if PAD_D:
         ok = ok & (offs_d[None, :] < D)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :], mask=ok,
+    row0 = tl.cast(start_m, tl.int64)
+    in_t = tl.arange(0, BLOCK_M2)[:, None]
+    q = tl.load(Q + b * sqb + h * sqh + row0 * sqn + in_t * sqn + offs_d[None, :], mask=ok,
                 other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + offs_d[None, :], mask=ok,
+    do = tl.load(DO + b * sdb + h * sdh + row0 * sdn + in_t * sdn + offs_d[None, :], mask=ok,
                  other=0.0)
     row_ok = offs_m < NQ
     lse2 = tl.load(LSE + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0) * _LOG2E
@@ -428,11 +510,11 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                    D, NK, 0, mid, qk_scale, BLOCK_N2, False, CAUSAL, PAD_D, UPCAST)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF, offs_d,
                    D, NK, mid, hi, qk_scale, BLOCK_N2, True, CAUSAL, PAD_D, UPCAST)
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqn + offs_d[None, :],
+    tl.store(DQ + b * sdqb + h * sdqh + row0 * sdqn + in_t * sdqn + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-_KEY = ["NQ", "NK", "HEAD_DIM", "CAUSAL", "PAD_D"]
+_KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D"]
 _attn_bwd_dkdv = _tuned(bwd_configs("dkdv"), _KEY)(_attn_bwd_dkdv_kernel)
 _attn_bwd_dq = _tuned(bwd_configs("dq"), _KEY)(_attn_bwd_dq_kernel)
 
@@ -460,11 +542,11 @@ def _grid_rows(n, meta_key):
     return lambda meta: (triton.cdiv(n, meta[meta_key]),)
 
 
-def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
-                             alignment=None):
-    """Run the forward kernel; return ``(o, lse)`` (``lse``: natural log, float32,
-    ``(B, Hq, Nq)``). No autograd: see :func:`triton_attention`."""
-    sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
+def _launch_fwd(q, k, v, sh, causal, diag=0):
+    """Launch the forward kernel on validated inputs; return ``(o, lse)``. With
+    ``causal``, key ``j`` is visible to query ``i`` when ``j <= i + diag`` (``diag=0``:
+    SDPA's top-left mask; ``diag = Nk - Nq``: the bottom-right mask). A row that sees
+    no key gets ``o = 0`` and ``lse = -inf``."""
     q, k, v = _inner_contig(q), _inner_contig(k), _inner_contig(v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), dtype=torch.float32, device=q.device)
@@ -476,10 +558,19 @@ def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa
     _attn_fwd[grid](q, k, v, o, lse,
                     q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                     v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-                    sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E, sh.offset,
-                    HEAD_DIM=hd, CAUSAL=sh.is_causal, PAD_D=hd != sh.D,
-                    UPCAST=_upcast(q))
+                    sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, int(diag), sh.scale * LOG2E,
+                    length_bucket(sh.Nq), length_bucket(sh.Nk),
+                    HEAD_DIM=hd, CAUSAL=bool(causal), PAD_D=hd != sh.D,
+                    UPCAST=_upcast(q), POS_SCALE=sh.scale >= 0)
     return o, lse
+
+
+def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                             alignment=None):
+    """Run the forward kernel; return ``(o, lse)`` (``lse``: natural log, float32,
+    ``(B, Hq, Nq)``). No autograd: see :func:`triton_attention`."""
+    sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
+    return _launch_fwd(q, k, v, sh, sh.is_causal, sh.offset)
 
 
 def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None,
@@ -522,8 +613,8 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
                             dk.stride(0), dk.stride(1), dk.stride(2),
                             dv.stride(0), dv.stride(1), dv.stride(2),
                             sh.Hq, sh.Hkv, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
-                            sh.scale, sh.offset, HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad,
-                            UPCAST=_upcast(q))
+                            sh.scale, sh.offset, length_bucket(sh.Nq), length_bucket(sh.Nk),
+                            HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
 
     def grid_q(meta):
         return (triton.cdiv(sh.Nq, meta["BLOCK_M2"]), sh.B * sh.Hq)
@@ -531,7 +622,8 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
     _attn_bwd_dq[grid_q](q, k, v, do, lse, delta, dq, *strides,
                          dq.stride(0), dq.stride(1), dq.stride(2),
                          sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E, sh.scale,
-                         sh.offset, HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+                         sh.offset, length_bucket(sh.Nq), length_bucket(sh.Nk), HEAD_DIM=hd,
+                         CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
     return dq, dk, dv
 
 

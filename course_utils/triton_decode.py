@@ -83,7 +83,7 @@ def _split_kv_kernel(
     sqb, sqh, sqn, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
-    sbt, PAGE_SIZE, HKV, NQ, LMAX, CHUNK, NUM_SPLITS, qk_scale,
+    ssl, sbt, sbt1, PAGE_SIZE, HKV, NQ, LMAX, CHUNK, NUM_SPLITS, qk_scale, CHUNK_KEY,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -93,7 +93,7 @@ def _split_kv_kernel(
     b = (bg // HKV).to(tl.int64)        # 64-bit offsets: a large cache passes 2**31 elements
     g = (bg % HKV).to(tl.int64)
     if HAS_SEQLENS:
-        length = tl.load(SEQLENS + b)
+        length = tl.load(SEQLENS + b * ssl)        # any stride: a column of a table works
     else:
         length = LMAX
     # GQA packing: packed row r is query head g*GROUP + r // NQ, new token r % NQ
@@ -102,8 +102,8 @@ def _split_kv_kernel(
     tok = rows % NQ
     row_ok = rows < GROUP * NQ
     dcol = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + b * sqb + head[:, None] * sqh + tok[:, None] * sqn + dcol[None, :] * sqd,
-                mask=row_ok[:, None], other=0.0)
+    q = tl.load(Q + b * sqb + head[:, None].to(tl.int64) * sqh + tok[:, None] * sqn
+                + dcol[None, :] * sqd, mask=row_ok[:, None], other=0.0)
     last = length - NQ + tok            # bottom-right causal: last key each row may see
 
     lo = split * CHUNK
@@ -113,18 +113,23 @@ def _split_kv_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + b * skb + g * skh
     v_base = V + b * svb + g * svh
+    # inside a block, 32-bit offsets; the block's first key is a 64-bit scalar offset
+    # (a cache of 2**31 elements, or a packed K/V cache with a long row stride, passes
+    # the 32-bit range)
+    kt_off = tl.arange(0, BLOCK_N)[None, :] * skn + dcol[:, None] * skd       # (D, BLOCK_N)
+    v_off = tl.arange(0, BLOCK_N)[:, None] * svn + dcol[None, :] * svd        # (BLOCK_N, D)
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_ok = cols < hi
         if PAGED:
             # paged cache: key j lives in page block_table[b, j // PAGE_SIZE], slot j % PAGE_SIZE
-            page = tl.load(BLOCK_TABLE + b * sbt + cols // PAGE_SIZE, mask=col_ok,
+            page = tl.load(BLOCK_TABLE + b * sbt + (cols // PAGE_SIZE) * sbt1, mask=col_ok,
                            other=0).to(tl.int64)
             slot = cols % PAGE_SIZE
             kt = tl.load(K + g * skh + (page * skb + slot * skn)[None, :] + dcol[:, None] * skd,
                          mask=col_ok[None, :], other=0.0)
         else:
-            kt = tl.load(k_base + cols[None, :] * skn + dcol[:, None] * skd,
+            kt = tl.load(k_base + tl.cast(start, tl.int64) * skn + kt_off,
                          mask=col_ok[None, :], other=0.0)                  # (D, BLOCK_N)
         s = tl.dot(q, kt) * qk_scale                                       # log2 units
         visible = col_ok[None, :]
@@ -140,7 +145,7 @@ def _split_kv_kernel(
             v = tl.load(V + g * svh + (page * svb + slot * svn)[:, None] + dcol[None, :] * svd,
                         mask=col_ok[:, None], other=0.0)
         else:
-            v = tl.load(v_base + cols[:, None] * svn + dcol[None, :] * svd,
+            v = tl.load(v_base + tl.cast(start, tl.int64) * svn + v_off,
                         mask=col_ok[:, None], other=0.0)                   # (BLOCK_N, D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -155,7 +160,7 @@ def _split_kv_kernel(
 @triton.jit
 def _merge_kernel(PART_M, PART_L, PART_ACC, O, LSE, NUM_SPLITS,
                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    row = tl.program_id(0)             # one (b, head, token) output row
+    row = tl.program_id(0).to(tl.int64)   # one (b, head, token) output row
     sp = tl.arange(0, BLOCK_S)
     ok = sp < NUM_SPLITS
     m = tl.load(PART_M + row * NUM_SPLITS + sp, mask=ok, other=float("-inf"))
@@ -164,12 +169,16 @@ def _merge_kernel(PART_M, PART_L, PART_ACC, O, LSE, NUM_SPLITS,
     acc = tl.load(PART_ACC + (row * NUM_SPLITS + sp[:, None]) * HEAD_DIM + dcol[None, :],
                   mask=ok[:, None], other=0.0)
     # lesson 3's merge of all splits at once: rescale each state to the common max
-    m_all = tl.max(m, 0)               # finite: chunk 0 holds key 0, seen by every row
-    w = tl.exp(m - m_all)              # empty chunks (m = -inf) weigh 0
+    m_all = tl.max(m, 0)
+    # a row that sees no key in any chunk (a sequence shorter than its new tokens,
+    # cache_seqlens 0) has m_all = -inf: subtract 0 instead, so it gets o = 0 and
+    # lse = -inf rather than NaN from -inf - -inf
+    m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.exp(m - m_use)              # empty chunks (m = -inf) weigh 0
     l_all = tl.sum(l * w, 0)
-    o = tl.sum(acc * w[:, None], 0) / l_all
+    o = tl.sum(acc * w[:, None], 0) / tl.where(l_all == 0.0, 1.0, l_all)
     tl.store(O + row * HEAD_DIM + dcol, o.to(O.dtype.element_ty))
-    tl.store(LSE + row, m_all + tl.log(l_all))
+    tl.store(LSE + row, tl.where(l_all == 0.0, float("-inf"), m_all + tl.log(l_all)))
 
 
 def _gpu_configs():
@@ -179,9 +188,11 @@ def _gpu_configs():
 
 
 if device.HAS_GPU:
-    _split_kv = triton.autotune(configs=_gpu_configs(),
-                                key=["CHUNK", "GROUP", "HEAD_DIM", "BLOCK_M", "CAUSAL", "PAGED"])(
-        _split_kv_kernel)
+    # CHUNK_KEY: the chunk length rounded up to a power of two, so a sweep over cache
+    # lengths tunes once per octave
+    _split_kv = triton.autotune(
+        configs=_gpu_configs(),
+        key=["CHUNK_KEY", "GROUP", "HEAD_DIM", "BLOCK_M", "CAUSAL", "PAGED"])(_split_kv_kernel)
 else:
     _split_kv = _split_kv_kernel
 
@@ -248,7 +259,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
     table = block_table.to(torch.int32) if paged else seqlens
     args = (q, k_cache, v_cache, seqlens, table, part_m, part_l, part_acc,
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
-            table.stride(0), page_size, hkv, nq, lmax, chunk, num_splits, scale * LOG2E)
+            seqlens.stride(0), table.stride(0), table.stride(-1), page_size, hkv, nq, lmax, chunk,
+            num_splits, scale * LOG2E, triton.next_power_of_2(chunk))
     meta = dict(GROUP=group, HEAD_DIM=d, BLOCK_M=block_m,
                 HAS_SEQLENS=cache_seqlens is not None, CAUSAL=bool(causal), PAGED=paged)
     grid = (num_splits, b * hkv)

@@ -44,9 +44,9 @@ def sdpa_bottom_right(q, k, v, length):
 def test_masks_bottom_right_vs_top_left():
     br = causal_mask(2, 5)
     assert br.tolist() == [[True] * 4 + [False], [True] * 5]
-    tl = causal_mask(2, 5, "top-left")
+    tl = causal_mask(2, 5, "causal_upper_left")
     assert tl.tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
-    assert torch.equal(causal_mask(4, 4), causal_mask(4, 4, "top-left"))
+    assert torch.equal(causal_mask(4, 4), causal_mask(4, 4, "causal_upper_left"))
     with pytest.raises(ValueError, match="align"):
         causal_mask(2, 5, "middle")
 
@@ -55,12 +55,12 @@ def test_reference_matches_naive_when_no_cache_is_hidden():
     q, k, v, _ = make(2, 4, 2, 6, 6, 16)
     # Nq == L: bottom-right and top-left coincide, so lesson 3's naive attention agrees
     o, lse = decode_attention_reference(q, k, v, return_lse=True)
-    ref, ref_lse = naive_attention(q, k, v, is_causal=True, return_lse=True)
+    ref, ref_lse = naive_attention(q, k, v, is_causal=True, return_lse=True, enable_gqa=True)
     torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, ref_lse.float(), atol=1e-5, rtol=1e-5)
     q1 = q[:, :, :1]
     torch.testing.assert_close(decode_attention_reference(q1, k, v),
-                               naive_attention(q1, k, v, is_causal=False), atol=1e-5, rtol=1e-5)
+                               naive_attention(q1, k, v, is_causal=False, enable_gqa=True), atol=1e-5, rtol=1e-5)
 
 
 def test_sdpa_is_causal_is_the_wrong_alignment_for_decoding():
@@ -80,7 +80,7 @@ def test_reference_and_split_kv_model_match_sdpa(lmax, nq, ratio, hkv, ragged, c
                                                   seed):
     nq = min(nq, lmax)
     q, k, v, sl = make(2, hkv * ratio, hkv, nq, lmax, 16, ragged=ragged, seed=seed)
-    o, lse = decode_attention_reference(q, k, v, sl, causal=causal, return_lse=True)
+    o, lse = decode_attention_reference(q, k, v, sl, is_causal=causal, return_lse=True)
     lengths = [lmax] * 2 if sl is None else sl.tolist()
     for i, n in enumerate(lengths):
         if causal:
@@ -90,7 +90,7 @@ def test_reference_and_split_kv_model_match_sdpa(lmax, nq, ratio, hkv, ragged, c
             want = F.scaled_dot_product_attention(q[i:i + 1], k[i:i + 1, :, :n].repeat_interleave(g, 1),
                                                   v[i:i + 1, :, :n].repeat_interleave(g, 1))
         torch.testing.assert_close(o[i:i + 1], want, atol=1e-5, rtol=1e-5)
-    o2, lse2 = split_kv_attention(q, k, v, splits, sl, causal=causal, return_lse=True)
+    o2, lse2 = split_kv_attention(q, k, v, splits, sl, is_causal=causal, return_lse=True)
     torch.testing.assert_close(o2, o, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse2, lse, atol=1e-5, rtol=1e-5)
 
@@ -124,12 +124,12 @@ def test_chunk_bounds_and_byte_counts():
 BAD_INPUTS = [
     (lambda q, k, v, s: (q[0], k, v, None), ValueError, "q must be 4-D"),
     (lambda q, k, v, s: ([1.0], k, v, None), TypeError, "q must be a torch.Tensor"),
-    (lambda q, k, v, s: (q, k, v[..., :8], None), ValueError, "v_cache must have the shape"),
+    (lambda q, k, v, s: (q, k, v[..., :8], None), ValueError, "v_cache must have k_cache.s shape"),
     (lambda q, k, v, s: (q, k[:1], v[:1], None), ValueError, "batch"),
     (lambda q, k, v, s: (q, k[..., :8], v[..., :8], None), ValueError, "head dim"),
     (lambda q, k, v, s: (q[:, :3], k, v, None), ValueError, "multiple of"),
     (lambda q, k, v, s: (q, k.half(), v, None), TypeError, "share one dtype"),
-    (lambda q, k, v, s: (q.int(), k, v, None), TypeError, "q must be float16"),
+    (lambda q, k, v, s: (q.int(), k, v, None), TypeError, "q must have a floating dtype"),
     (lambda q, k, v, s: (q, k[:, :, :1], v[:, :, :1], None), ValueError, "Nq <= cache length"),
     (lambda q, k, v, s: (q, k, v, [3, 3]), TypeError, "cache_seqlens must be a torch.Tensor"),
     (lambda q, k, v, s: (q, k, v, s.float()), TypeError, "int32 or int64"),
@@ -182,8 +182,8 @@ def test_triton_matches_reference(lmax, nq, ratio, hkv, ragged, d, splits, seed)
 
 def test_triton_non_causal_and_custom_scale():
     q, k, v, sl = make(2, 4, 2, 3, 40, 16, ragged=True, seed=5)
-    o = decode_attention(q, k, v, sl, causal=False, scale=0.3, num_splits=3)
-    ref = decode_attention_reference(q, k, v, sl, causal=False, scale=0.3)
+    o = decode_attention(q, k, v, sl, is_causal=False, scale=0.3, num_splits=3)
+    ref = decode_attention_reference(q, k, v, sl, is_causal=False, scale=0.3)
     torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
 
 
@@ -260,7 +260,7 @@ def test_paged_cache_bad_inputs():
 
 def test_triton_kernel_specific_errors():
     q, k, v, _ = make(1, 2, 1, 1, 8, 16)
-    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 tensors"):
         decode_attention(q.double(), k.double(), v.double())
     q24, k24, v24, _ = make(1, 2, 1, 1, 8, 24)
     with pytest.raises(ValueError, match="head dim"):
@@ -395,7 +395,7 @@ WRONG_ANSWERS = {
     "9.1": [dict(kv_bytes_9_1=4 * 8 * 8192 * 128 * 2), dict(kv_bytes_9_1=2 * 4 * 64 * 8192 * 128 * 2),
             dict(kv_bytes_9_1=float(2 * 4 * 8 * 8192 * 128 * 2))],
     "9.2": [dict(intensity_9_2=2.0), dict(intensity_9_2=32.0)],
-    "9.3": [dict(bottom_right_mask=lambda nq, nk: causal_mask(nq, nk, "top-left")),
+    "9.3": [dict(bottom_right_mask=lambda nq, nk: causal_mask(nq, nk, "causal_upper_left")),
             dict(bottom_right_mask=lambda nq, nk: torch.ones(nq, nk, dtype=torch.bool)),
             dict(bottom_right_mask=lambda nq, nk: causal_mask(nq, nk).int())],
     "9.4": [dict(decode_attention_gqa=_top_left_gqa),
@@ -418,3 +418,15 @@ def test_problem_set_checks_fail_on_wrong_answers():
             env = dict(ns, **wrong)
             with pytest.raises(CheckFailed):
                 exec(checks[ex], env)
+
+
+def test_float64_references_stay_float64():
+    """float64 inputs keep the whole computation, lse included, in float64."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    o, lse = decode_attention_reference(q, k, v, return_lse=True)
+    o2, lse2 = split_kv_attention(q, k, v, 4, return_lse=True)
+    assert lse.dtype == lse2.dtype == o.dtype == o2.dtype == torch.float64
+    torch.testing.assert_close(o2, o, atol=1e-13, rtol=1e-12)
+    torch.testing.assert_close(lse2, lse, atol=1e-13, rtol=1e-12)

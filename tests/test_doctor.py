@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from course_utils import doctor as doctor_module
 from course_utils.doctor import diagnose, doctor, known_answer_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,38 @@ def test_other_findings():
     assert levels(diagnose(dict(GOOD, nbval=None), True, False)) == ["warn"]
 
 
+TESTED = doctor_module.tested_versions()
+
+
+
+def test_tested_versions_are_compared():
+    assert set(TESTED) == {"cpu", "gpu"}
+    assert doctor_module.tested_set(GOOD, TESTED) == "cpu"
+    assert levels(diagnose(GOOD, True, False, tested=TESTED)) == ["ok"]
+    gpu = dict(GOOD, torch=TESTED["gpu"]["torch"] + "+cu130", triton=TESTED["gpu"]["triton"])
+    assert doctor_module.tested_set(gpu, TESTED) == "gpu"
+    assert levels(diagnose(gpu, False, True, tested=TESTED)) == ["ok"]
+    # the public index's CUDA torch 2.13.0 pins triton 3.7.1: a pair nobody tested
+    for bad in (dict(GOOD, triton="3.7.1"), dict(GOOD, torch="2.12.0"),
+                dict(gpu, triton=TESTED["cpu"]["triton"])):
+        f = diagnose(bad, True, False, tested=TESTED)
+        assert levels(f) == ["warn"], bad
+        assert "outside what the course was tested with" in f[0].message
+        assert TESTED["cpu"]["torch"] in f[0].message and TESTED["gpu"]["triton"] in f[0].message
+    assert doctor_module.tested_set(dict(GOOD, torch=None), TESTED) is None
+
+
+def test_no_triton_platforms_warn_with_the_ways_out():
+    mac = dict(GOOD, triton=None)
+    f = diagnose(mac, False, False, tested=TESTED, system="darwin")
+    assert levels(f) == ["warn"]  # torch alone matches the tested CPU set
+    for where in ("macOS", "WSL2", "container", "hosted GPU notebook", "Lessons 0-5"):
+        assert where in f[0].message
+    assert levels(diagnose(mac, False, False, tested=TESTED, system="win32")) == ["warn"]
+    # on Linux a missing Triton is an error: the set-up installs it
+    assert levels(diagnose(mac, False, False, tested=TESTED, system="linux")) == ["error"]
+
+
 def test_known_answer_kernel_runs_here():
     ok, detail = known_answer_kernel()
     assert ok, detail
@@ -46,7 +79,8 @@ def test_report_and_cli():
     buf = io.StringIO()
     assert doctor(file=buf) is True
     text = buf.getvalue()
-    for word in ("torch", "triton", "device", "capability", "triton mode", "test kernel   passed"):
+    for word in ("torch", "triton", "device", "capability", "triton mode", "test kernel   passed",
+                 "tested with", "this machine  the tested [cpu] set", "lessons 6, 7, 9: yes"):
         assert word in text
     r = subprocess.run([sys.executable, "-m", "course_utils", "doctor"], capture_output=True,
                        text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})

@@ -21,8 +21,8 @@ def _qkv(b, hq, hkv, nq, nk, d, dtype=torch.float16, seed=0):
        gqa=st.sampled_from([(2, 2), (2, 1)]))
 def test_tma_forward_matches_reference(nq, nk, causal, gqa):
     q, k, v = _qkv(1, gqa[0], gqa[1], nq, nk, 16)
-    o, lse = triton_fwd.attention_tma(q, k, v, is_causal=causal, return_lse=True)
-    ref, ref_lse = naive_attention(q, k, v, is_causal=causal, return_lse=True)
+    o, lse = triton_fwd.attention_tma(q, k, v, is_causal=causal, return_lse=True, enable_gqa=True)
+    ref, ref_lse = naive_attention(q, k, v, is_causal=causal, return_lse=True, enable_gqa=True)
     torch.testing.assert_close(o.float(), ref.float(), atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
 
@@ -30,13 +30,13 @@ def test_tma_forward_matches_reference(nq, nk, causal, gqa):
 def test_tma_forward_rejects_bad_input():
     q, k, v = _qkv(1, 2, 2, 8, 8, 16)
     with pytest.raises(TypeError, match="float16"):
-        triton_fwd.attention_tma(q.float(), k.float(), v.float())
+        triton_fwd.attention_tma(q.float(), k.float(), v.float(), enable_gqa=True)
     with pytest.raises(ValueError, match="head dim D must be one of"):
-        triton_fwd.attention_tma(*_qkv(1, 2, 2, 8, 8, 24))
+        triton_fwd.attention_tma(*_qkv(1, 2, 2, 8, 8, 24), enable_gqa=True)
     with pytest.raises(ValueError, match="4-D"):
-        triton_fwd.attention_tma(q[0], k, v)
+        triton_fwd.attention_tma(q[0], k, v, enable_gqa=True)
     with pytest.raises(ValueError, match="num_stages must be a positive int"):
-        triton_fwd.attention_tma(q, k, v, num_stages=0)
+        triton_fwd.attention_tma(q, k, v, num_stages=0, enable_gqa=True)
 
 
 def test_fp8_quantize_roundtrip_and_scales():
@@ -68,25 +68,25 @@ def test_hadamard_is_orthogonal_and_spreads_outliers():
 def test_fp8_forward_interpreter(hadamard):
     # fp32 -> fp8 casts in the interpreter are not bit-exact: compare loosely
     q, k, v = _qkv(1, 2, 1, 33, 20, 16)
-    o = fp8.attention_fp8(q, k, v, is_causal=True, hadamard=hadamard)
-    ref = naive_attention(q.float(), k.float(), v.float(), is_causal=True)
+    o = fp8.attention_fp8(q, k, v, is_causal=True, hadamard=hadamard, enable_gqa=True)
+    ref = naive_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
     assert fp8.rmse(o, ref) < 0.1 * float(ref.pow(2).mean().sqrt()) + 0.02
 
 
 def test_gluon_refuses_off_hopper_or_bad_sizes():
     q, k, v = _qkv(1, 2, 2, 100, 100, 64)
     with pytest.raises(ValueError, match="multiple of 128"):
-        gluon_fwd.attention_gluon(q, k, v)
+        gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
     q, k, v = _qkv(1, 2, 2, 128, 128, 64)
     with pytest.raises(ValueError, match="non-causal"):
-        gluon_fwd.attention_gluon(q, k, v, is_causal=True)
+        gluon_fwd.attention_gluon(q, k, v, is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match="pass pipeline=True"):
-        gluon_fwd.attention_gluon(q, k, v, pingpong=True, pipeline=False)
+        gluon_fwd.attention_gluon(q, k, v, pingpong=True, pipeline=False, enable_gqa=True)
     with pytest.raises(ValueError, match="loader_regs"):
-        gluon_fwd.attention_gluon(q, k, v, loader_regs=20)
+        gluon_fwd.attention_gluon(q, k, v, loader_regs=20, enable_gqa=True)
     if not device.IS_HOPPER:
         with pytest.raises(RuntimeError, match="sm90"):
-            gluon_fwd.attention_gluon(q, k, v)
+            gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
 
 
 @pytest.mark.hopper
@@ -95,13 +95,13 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_real_size_kernels(pipeline, dtype):
     q, k, v = _qkv(2, 4, 2, 1024, 1024, 128, dtype)
-    ref = naive_attention(q.float(), k.float(), v.float())
+    ref = naive_attention(q.float(), k.float(), v.float(), enable_gqa=True)
     tol = 4e-3 if dtype == torch.float16 else 2.5e-2
-    for o in (gluon_fwd.attention_gluon(q, k, v, pipeline=pipeline),
-              gluon_fwd.attention_gluon(q, k, v, pingpong=True, stages=2 + pipeline),
-              triton_fwd.attention_tma(q, k, v, warp_specialize=pipeline)):
+    for o in (gluon_fwd.attention_gluon(q, k, v, pipeline=pipeline, enable_gqa=True),
+              gluon_fwd.attention_gluon(q, k, v, pingpong=True, stages=2 + pipeline, enable_gqa=True),
+              triton_fwd.attention_tma(q, k, v, warp_specialize=pipeline, enable_gqa=True)):
         assert float((o.float() - ref).norm() / ref.norm()) < tol
-    o8 = fp8.attention_fp8(q, k, v, hadamard=pipeline)
+    o8 = fp8.attention_fp8(q, k, v, hadamard=pipeline, enable_gqa=True)
     assert float((o8.float() - ref).norm() / ref.norm()) < 0.08
 
 
@@ -118,3 +118,26 @@ def test_bench_skips_off_hopper_and_ablation_maps_schedules(capsys):
     sims = {r["provider"]: r["sim_tflops"] for r in abl}
     assert sims["gluon_pingpong"] > sims["gluon_ws_serial"] and sims["sdpa_cudnn"] is None
     assert all(r.get("tflops") for r in abl), "every committed provider has a measurement"
+
+
+def test_table_suite_rows_are_consistent(capsys):
+    import json
+    from pathlib import Path
+    from course_utils.bench import table
+    if not device.HAS_GPU:
+        assert table.main([]) == 0
+        assert "needs a CUDA GPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        table.main(["--modes", "bwd"])
+    rec = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "nvidia-h100-80gb-hbm3"
+                      / "table.json").read_text())
+    assert rec["environment"]["command"].startswith("python -m course_utils.bench table")
+    for r in rec["rows"]:
+        names = table.FWD if r["mode"] == "fwd" else table.FWD_BWD
+        for name in names:
+            # every provider has a speed, or says why it has none
+            assert r.get(name) or r.get(f"{name}_skip") or r.get(f"{name}_error"), (r, name)
+            for base in ("flash", "cudnn"):
+                if name not in ("flash", "cudnn") and r.get(name) and r.get(base):
+                    assert r[f"{name}_x_{base}"] == pytest.approx(r[name] / r[base])
+        assert r["cudnn"] and r["flash"] and r["triton"]

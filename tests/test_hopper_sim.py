@@ -165,3 +165,130 @@ def test_check_fp8_quantizer():
     with pytest.raises(CheckFailed, match="dequantises"):
         checks.check_fp8_quantizer(lambda x: (x.clamp(-448, 448).to(torch.float8_e4m3fn),
                                               x.abs().max() / 448))
+
+
+# ----------------------------------------------------------------- mbarrier phases
+from course_utils.hopper.schedule_sim import WaitParity  # noqa: E402
+
+
+def _one_barrier(waiter, arrivals, per_phase=1):
+    """A producer arrives ``arrivals`` times on 'bar' and then on 'done'; a consumer
+    waits for 'done' and then runs ``waiter``."""
+    prod = [Op("alu", 1.0, f"work{i}", barrier="bar") for i in range(arrivals)] + [Arrive("done")]
+    sched = Schedule("phases", [Warpgroup("p", "producer", prod, 24),
+                                Warpgroup("c", "consumer", [WaitParity("done", 0)] + waiter, 100)],
+                     arrivals_per_phase={"bar": per_phase})
+    return sim.simulate(sched, check_registers=False)
+
+
+def test_parity_wait_semantics():
+    # a fresh barrier is in phase 0: the phase "before" it (parity 1) counts as complete
+    _one_barrier([WaitParity("bar", 1)], 0)
+    with pytest.raises(sim.DeadlockError, match="parity 0"):
+        _one_barrier([WaitParity("bar", 0)], 0)
+    # one arrival completes phase 0: parity 0 passes, parity 1 now waits for phase 1
+    _one_barrier([WaitParity("bar", 0)], 1)
+    with pytest.raises(sim.DeadlockError, match="parity 1"):
+        _one_barrier([WaitParity("bar", 1)], 1)
+    # two arrivals per phase: one arrival completes nothing
+    with pytest.raises(sim.DeadlockError, match="'bar' for the phase of parity 0"):
+        _one_barrier([WaitParity("bar", 0)], 1, per_phase=2)
+    _one_barrier([WaitParity("bar", 0)], 2, per_phase=2)
+    # one bit cannot tell phase 0 from phase 2: after two phases parity 0 waits again
+    with pytest.raises(sim.DeadlockError, match="parity 0"):
+        _one_barrier([WaitParity("bar", 0)], 2)
+    _one_barrier([WaitParity("bar", 1)], 2)
+    _one_barrier([WaitParity("bar", 0)], 3)
+    with pytest.raises(ValueError, match="parity must be 0 or 1"):
+        WaitParity("bar", 2)
+
+
+@pytest.mark.parametrize("kernel", sim.KERNEL_NAMES)
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_kernel_schedules_run_and_count_all_flops(kernel, stages):
+    if stages == 1 and kernel in ("gluon_ws_pipe", "gluon_pingpong"):
+        # the pipelined consumer waits for K_{j+1} before it releases slot j: with a
+        # single slot that is the same slot, so the producer can never refill it
+        with pytest.raises(sim.DeadlockError, match="kv_empty\\[0\\]"):
+            sim.simulate(sim.build_kernel_schedule(kernel, stages=1, n_blocks=5))
+        return
+    r = sim.simulate(sim.build_kernel_schedule(kernel, stages=stages, n_blocks=5))
+    assert r.flops == pytest.approx(5 * 2 * 2.0 * 128 * 128 * 128)   # 128 rows, 2 GEMMs
+    assert 0 < r.tflops <= sim.H100.tensor_tflops
+
+
+@given(n=st.integers(1, 6), stages=st.integers(1, 4), kernel=st.sampled_from(sim.KERNEL_NAMES),
+       in_order=st.booleans())
+def test_kernel_schedules_deadlock_only_pipelined_with_one_slot(n, stages, kernel, in_order):
+    hw = sim.Hardware(tensor_in_order=in_order)
+    if stages == 1 and n > 1 and kernel in ("gluon_ws_pipe", "gluon_pingpong"):
+        with pytest.raises(sim.DeadlockError):
+            sim.simulate(sim.build_kernel_schedule(kernel, stages=stages, n_blocks=n), hw)
+        return
+    r = sim.simulate(sim.build_kernel_schedule(kernel, stages=stages, n_blocks=n), hw)
+    assert r.time_us >= r.work_time["tensor"] - 1e-9
+
+
+def test_kernel_schedules_use_the_kernels_barriers():
+    pp = sim.build_kernel_schedule("gluon_pingpong", stages=2, n_blocks=4)
+    roles = [wg.role for wg in pp.warpgroups]
+    assert roles == ["producer", "consumer", "consumer"]
+    assert pp.arrivals_per_phase["kv_empty[0]"] == 2          # both consumers release a slot
+    prod = pp.warpgroups[0].program
+    # the producer's j-th wait on kv_empty[j % 2] asks for parity ((j // 2) & 1) ^ 1
+    assert [i.parity for i in prod if isinstance(i, WaitParity)] == [1, 1, 0, 0]
+    for wg in pp.warpgroups[1:]:
+        names = {i.barrier for i in wg.program if isinstance(i, (WaitParity, Arrive))}
+        assert {"k_ready[0]", "v_ready[1]", "kv_empty[0]", "turn[0]", "turn[1]"} <= names
+    # one lockstep consumer in the Triton kernel and the non-ping-pong Gluon kernels
+    for kernel in ("triton_tma", "gluon_ws_serial", "gluon_ws_pipe"):
+        wgs = sim.build_kernel_schedule(kernel).warpgroups
+        assert sum(wg.role == "consumer" for wg in wgs) == 1
+    assert all(wg.role == "consumer" for wg in sim.build_kernel_schedule("triton_tma").warpgroups)
+
+
+def test_wrong_parity_hangs_or_reads_a_tile_in_flight():
+    good = sim.build_kernel_schedule("gluon_ws_serial", stages=2, n_blocks=4)
+    # producer waits on kv_empty with the consumers' parity: the fresh ring looks full
+    bad = copy.deepcopy(good)
+    bad.warpgroups[0].program = [WaitParity(i.barrier, i.parity ^ 1) if isinstance(i, WaitParity)
+                                 else i for i in bad.warpgroups[0].program]
+    with pytest.raises(sim.DeadlockError, match="'kv_empty\\[0\\]' for the phase of parity 0"):
+        sim.simulate(bad)
+    # consumer waits on k_ready with the flipped parity: it returns before the copy lands
+    bad = copy.deepcopy(good)
+    bad.warpgroups[1].program = [WaitParity(i.barrier, i.parity ^ 1)
+                                 if isinstance(i, WaitParity) and i.barrier.startswith("k_ready")
+                                 else i for i in bad.warpgroups[1].program]
+    with pytest.raises(sim.HazardError, match="has not completed"):
+        sim.simulate(bad)
+
+
+def test_kernel_predictions_the_lesson_states():
+    # what lesson 8 claims from the model: one stage exposes the copies; the pipelined
+    # consumer beats the serial one; ping-pong gains only if matmuls run in issue order
+    p = sim.predict_kernels()
+    assert p["triton_tma_s1"] < p["triton_tma_s2"] == pytest.approx(p["triton_tma_s3"])
+    assert p["gluon_ws_serial"] < p["gluon_ws_pipe"]
+    assert p["gluon_pingpong"] == pytest.approx(p["gluon_ws_pipe"], rel=1e-3)
+    q = sim.predict_kernels(hw=sim.Hardware(tensor_in_order=True))
+    assert q["gluon_pingpong"] > 1.1 * q["gluon_ws_pipe"]
+    assert q["gluon_ws_pipe"] == pytest.approx(p["gluon_ws_pipe"])     # one consumer: no change
+    with pytest.raises(ValueError, match="no kernel model"):
+        sim.predict_kernels(["sdpa_cudnn"])
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        sim.build_kernel_schedule("fa3")
+    with pytest.raises(ValueError, match="stages must be a positive int"):
+        sim.build_kernel_schedule("triton_tma", stages=0)
+
+
+def test_kernel_models_cover_the_benchmarked_kernels():
+    import json
+    from pathlib import Path
+    for path in (Path(__file__).resolve().parents[1] / "benchmarks").glob("*/hopper.json"):
+        providers = {r["provider"] for r in json.loads(path.read_text())["rows"]}
+        unmodelled = providers - set(sim.KERNEL_MODELS)
+        assert all(p.startswith(("sdpa_", "fp8_")) or p == "triton_tma_ws" for p in unmodelled), \
+            unmodelled
+        for p in sim.KERNEL_MODELS:
+            assert p in providers, f"{p} is not in {path}"

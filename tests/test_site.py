@@ -128,7 +128,10 @@ def small_course(tmp_path_factory):
     src = tmp_path_factory.mktemp("lessons")
     write_nb(src / "00_intro.ipynb", [
         ("md", "# Intro lesson\n\nSee [the tiles](01_tiles.ipynb#The-tiles) and "
-               "[the README](../README.md)."),
+               "[the README](../README.md).\n\n## Peak memory against $N$\n\n"
+               "Inline $B_r \\le d$ and a block\n\n$$\n\\begin{aligned}\n"
+               "l &\\leftarrow \\alpha\\, l + \\operatorname{rowsum} \\tilde P\n\\end{aligned}\n$$\n\n"
+               "and `$x$` in code stays as it is."),
         ("code", "print('hello')"),
     ])
     write_nb(src / "01_tiles.ipynb", [
@@ -165,6 +168,59 @@ def test_build_renders_filmstrips_and_an_index(small_course):
     assert (out / "README.md").exists(), "files the lessons link to are copied"
     assert '<a href="../index.html">all lessons</a>' in intro
     assert '<a href="01_tiles.html">Tiles &rarr;</a>' in intro
+
+
+def test_build_renders_math_offline(small_course):
+    """The math is MathML in the page, no script comes from another site, and the
+    heading's anchor (which holds the LaTeX) still works."""
+    _, out, _, _ = small_course
+    intro = (out / "notebooks" / "00_intro.html").read_text()
+    assert intro.count("<math") == 3, "the heading, the inline and the block formula"
+    assert '<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">' in intro
+    assert "<mtable" in intro, "aligned is drawn as a table"
+    assert "<code>$x$</code>" in intro, "math in code is left alone"
+    assert "MathJax" not in intro and "cdnjs" not in intro and "require.min.js" not in intro
+    assert not re.search(r"<script[^>]*src=[\"']?(https?:)?//", intro)
+    assert 'id="Peak-memory-against-$N$"' in intro and site.check(out) == []
+
+
+def test_render_math_converts_text_and_skips_code_and_attributes():
+    body = ('<h2 id="a-$N$">About $N$<a href="#a-$N$">x</a></h2><p>$a &lt; b$ and</p>'
+            '<p>$$\nx^2\n$$</p><pre>$not math$</pre><code>$y$</code>'
+            '<script>var s = "$z$";</script>')
+    out, problems = site.render_math(body)
+    assert problems == []
+    assert out.count("<math") == 3
+    assert 'id="a-$N$"' in out and 'href="#a-$N$"' in out
+    assert "&#x0003C;" in out or "&lt;" in out.split("<math")[2], "a < b keeps its operator"
+    assert "<pre>$not math$</pre>" in out and "<code>$y$</code>" in out and '"$z$"' in out
+    assert 'display="block"' in out
+
+
+def test_render_math_reports_what_it_cannot_draw():
+    out, problems = site.render_math("<p>fine $x$, broken $\\frac{1}{$ end</p>")
+    assert len(problems) == 1 and "cannot render the formula" in problems[0]
+    with pytest.raises(ValueError, match="cannot render the formula"):
+        site.latex_to_mathml("\\frac{1}{")
+
+
+def test_strip_remote_scripts_and_check_flags_them(tmp_path):
+    from nbconvert import HTMLExporter
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# T\n\n$x$")]
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    assert re.search(r"<script[^>]*src=\"https://", body), "the template loads scripts remotely"
+    clean = site.strip_remote_scripts(body)
+    assert not re.search(r"<script[^>]*src=\"https?://", clean)
+    assert "import(\"https://" not in clean and "text/x-mathjax-config" not in clean
+    write_site(tmp_path, {"index.html": '<script src="https://cdn.example/x.js"></script>'
+                                        '<script type="module">await import("https://e/m.mjs")'
+                                        '</script><p>left $\\alpha$ here</p><code>$\\beta$</code>'})
+    problems = site.check(tmp_path)
+    assert any("script from another site: https://cdn.example/x.js" in p for p in problems)
+    assert any("inline script importing from another site" in p for p in problems)
+    assert any("math left as LaTeX" in p and "alpha" in p for p in problems)
+    assert not any("beta" in p for p in problems)
 
 
 def test_build_reports_live_widgets_and_failing_lessons(small_course):
@@ -298,4 +354,11 @@ def test_build_every_lesson(tmp_path):
     assert filmstrips.get("04_tiled_attention", 0) >= 1, filmstrips
     page = (out / "notebooks" / "01_register_machine.html").read_text()
     assert page.count("data:image/png;base64,") >= 1
+    # offline: no page loads a script from another site, and the math is MathML
+    for p in lessons:
+        page_p = (out / "notebooks" / f"{p.stem}.html").read_text()
+        assert not re.search(r"<script[^>]*src=[\"']?(https?:)?//", page_p), p.stem
+        if "$" in "".join(c.source for c in nbformat.read(p, as_version=4).cells
+                          if c.cell_type == "markdown"):
+            assert "<math" in page_p, f"{p.stem}: its math is not rendered"
     assert "application/vnd.jupyter.widget-view+json" not in page

@@ -117,3 +117,24 @@ def test_largest_grid_and_bad_arguments():
         a.goto("3")
     with pytest.raises(ValueError, match="frames"):
         a.filmstrip(frames=0)
+
+
+def test_replays_the_papers_example_in_algorithm_1_order():
+    """N = 5, d = 3, M = 59: Br = 3, Bc = 4 (lesson 4, Step A). Algorithm 1 runs the
+    K/V tiles outside: (0, 0), (1, 0), then (0, 1), (1, 1); the last tiles are short."""
+    from course_utils.attention import block_sizes_from_sram
+    Br, Bc = block_sizes_from_sram(59, 3)
+    anim = TileAnimation(Nq=5, Nk=5, Br=Br, Bc=Bc, order="fa1", D=3, seed=0)
+    tiles = []
+    for k in range(1, anim.n_steps + 1):
+        anim.goto(k)
+        tiles.append(anim.state()["tile"])
+    assert (Br, Bc) == (3, 4) and tiles == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert anim.state()["text"].startswith("FA1 step 4/4")
+    assert anim.final_traffic() == anim.formula_traffic()
+    # K and V are read once each (5 x 3 numbers), Q once per K/V tile
+    assert anim.final_traffic()["K reads"] == 15 and anim.final_traffic()["Q reads"] == 30
+    # the running sums at the end are the softmax denominators of the scores
+    s = anim.scores
+    l_exact = np.exp(s - s.max(1, keepdims=True)).sum(1)
+    np.testing.assert_allclose(anim.state()["l"], l_exact, rtol=1e-12)

@@ -12,6 +12,7 @@ from hypothesis import Phase, given, settings, strategies as st
 
 from course_utils import device
 from course_utils.attention import naive_attention
+from course_utils.checks import check_close
 from course_utils.backward import flash_attention_backward
 from course_utils.triton_attention import (padded_head_dim, triton_attention,
                                            triton_attention_backward,
@@ -144,9 +145,21 @@ def test_bad_inputs_raise_before_any_launch():
         triton_attention(*(torch.randn(1, 2, 4, 512, device=DEV, dtype=torch.float16),) * 3)
     with pytest.raises(TypeError, match="float64"):
         triton_attention(q.double(), q.double(), q.double())
+    kv3 = torch.randn(1, 3, 4, 16, device=DEV, dtype=torch.float16)
     with pytest.raises(ValueError, match="multiple"):
-        triton_attention(q, torch.randn(1, 3, 4, 16, device=DEV, dtype=torch.float16),
-                         torch.randn(1, 3, 4, 16, device=DEV, dtype=torch.float16))
+        triton_attention(q, kv3, kv3, enable_gqa=True)
+    kv1 = torch.randn(1, 1, 4, 16, device=DEV, dtype=torch.float16)
+    for exc in (RuntimeError, ValueError):          # SDPA's error type, and the course's
+        with pytest.raises(exc, match="enable_gqa=True"):
+            triton_attention(q, kv1, kv1)
+    with pytest.raises(ValueError, match="alignment must be one of"):
+        triton_attention(q, q, q, is_causal=True, alignment="bottom-right")
+    with pytest.raises(TypeError, match="enable_gqa"):
+        triton_attention(q, q, q, enable_gqa=1)
+    with pytest.raises(TypeError):
+        triton_attention(q, q, q, True)                 # options are keyword-only
+    with pytest.raises(ValueError, match="device"):
+        triton_attention(q.to("meta"), q.to("meta"), q.to("meta"))
     with pytest.raises(TypeError, match="return_lse"):
         triton_attention(q, q, q, return_lse=1)
     with pytest.raises(TypeError, match="is_causal"):
@@ -154,6 +167,46 @@ def test_bad_inputs_raise_before_any_launch():
     o, lse = triton_attention_forward(q, q, q)
     with pytest.raises(ValueError, match="lse must be a tensor of shape"):
         triton_attention_backward(q, q, q, o, lse[:, :1], o)
+
+
+# --------------------------------------------------------------------------- alignment
+def _masked_reference(q, k, v, alignment, do):
+    """Attention through an explicit boolean mask, in float64, and its gradients."""
+    Nq, Nk = q.shape[2], k.shape[2]
+    shift = Nk - Nq if alignment == "causal_lower_right" else 0
+    mask = torch.ones(Nq, Nk, dtype=torch.bool).tril(shift).to(DEV)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    group = q.shape[1] // k.shape[1]
+    kk, vv = (t.repeat_interleave(group, 1) for t in leaves[1:])
+    s = (leaves[0] @ kk.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
+    o = p @ vv
+    return o, torch.autograd.grad(o, leaves, do.double()), mask.any(-1)
+
+
+@pytest.mark.parametrize("alignment", ["causal_upper_left", "causal_lower_right"])
+@pytest.mark.parametrize("Nq,Nk", [(20, 45), (45, 20), (33, 33), (1, 37)])
+def test_both_causal_alignments_match_an_explicit_mask(alignment, Nq, Nk):
+    q, k, v = _inputs(1, 4, 2, Nq, Nk, 16, torch.float32, seed=Nq + Nk, grad=True)
+    o = triton_attention(q, k, v, is_causal=True, alignment=alignment, enable_gqa=True)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(DEV)
+    o_ref, grads_ref, seen = _masked_reference(q, k, v, alignment, do)
+    # rows that see at least one key (lower-right with Nq > Nk leaves the first ones blind)
+    check_close(o[:, :, seen], o_ref[:, :, seen], dtype=torch.float32, op="attention",
+                name=f"{alignment} Nq={Nq} Nk={Nk}", quiet=True)
+    if bool(seen.all()):
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        for name, x, ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+            check_close(x, ref, dtype=torch.float32, op="backward",
+                        name=f"{name} {alignment} Nq={Nq} Nk={Nk}", quiet=True)
+
+
+def test_lower_right_is_the_last_rows_of_the_square_mask():
+    """Lower-right alignment with Nq < Nk: the new queries are the last Nq positions."""
+    q, k, v = _inputs(1, 2, 2, 40, 40, 16, torch.float16, seed=9)
+    full = triton_attention(q, k, v, is_causal=True)
+    tail = triton_attention(q[:, :, -7:], k, v, is_causal=True, alignment="causal_lower_right")
+    torch.testing.assert_close(tail, full[:, :, -7:], atol=0, rtol=0)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -167,9 +220,62 @@ def _gpu_check():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.HAS_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(len(_gpu_check().CASES)))
 def test_real_sizes_on_the_gpu(case):
     mod = _gpu_check()
     torch.manual_seed(case)
     ok, errs = mod.run_case(mod.CASES[case])
     assert ok, errs
+
+
+# --------------------------------------------------------------------------- precision policy
+WRONG_KERNELS = {
+    # the online softmax without rescaling acc by alpha
+    ("06", "6.4"): ("@triton.jit\ndef online_update(m, l, acc, s, v):\n"
+                    "    m_new = tl.maximum(m, tl.max(s, 1))\n"
+                    "    alpha = tl.exp2(m - m_new)\n"
+                    "    p = tl.exp2(s - m_new[:, None])\n"
+                    "    l = l * alpha + tl.sum(p, 1)\n"
+                    "    acc = acc + tl.dot(p, v)\n"
+                    "    return m_new, l, acc\n"),
+    # dS without the Delta term
+    ("07", "7.2"): ("@triton.jit\ndef dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):\n"
+                    "    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])\n"
+                    "    dv += tl.dot(pT, do)\n"
+                    "    dsT = pT * tl.dot(v, tl.trans(do))\n"
+                    "    dk += tl.dot(dsT, tl.trans(qT))\n"
+                    "    return dk, dv\n"),
+}
+
+
+def _run_problem(prefix, exercise, answer=None):
+    """Run a solution notebook up to the check of ``exercise``, with ``answer`` in place
+    of the official answer cell (Triton reads kernel sources through linecache)."""
+    import linecache
+
+    import nbformat
+    path = next((Path(__file__).resolve().parents[1] / "solutions").glob(f"{prefix}_*.ipynb"))
+    ns = {}
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type != "code":
+            continue
+        meta = cell.get("metadata", {}).get("course", {})
+        src = cell.source
+        if answer is not None and meta.get("exercise") == exercise and meta.get("role") == "answer":
+            src = answer
+        name = f"<{path.stem} cell {i}>"
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        exec(compile(src, name, "exec"), ns)  # noqa: S102
+        if meta.get("exercise") == exercise and meta.get("role") == "check":
+            return
+    raise AssertionError(f"no check for exercise {exercise}")
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_KERNELS), ids=[e for _, e in sorted(WRONG_KERNELS)])
+def test_policy_tolerances_still_reject_wrong_kernels(key):
+    """The float32 checks of problem sets 6 and 7 take their tolerance from the
+    precision policy: the official answer passes, a learner's usual mistake fails."""
+    from course_utils.checks import CheckFailed
+    _run_problem(*key)
+    with pytest.raises(CheckFailed):
+        _run_problem(*key, answer=WRONG_KERNELS[key])

@@ -68,7 +68,7 @@ def parse(argv):
 def _backend_fn(name, q, k, v, causal):
     if name == "triton":
         from course_utils.triton_attention import triton_attention
-        return lambda: triton_attention(q, k, v, is_causal=causal)
+        return lambda: triton_attention(q, k, v, is_causal=causal, enable_gqa=True)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]

@@ -168,7 +168,8 @@ def _attn_fwd_fp8(q_desc, k_desc, vt_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr, lse_pt
                                         qk_scale_q, BLOCK_N, True, CAUSAL, NUM_STAGES)
     acc = acc * (sv_prev / l_i)[:, None]
     offs_d = tl.arange(0, D)
-    rows = bh * Nq + offs_m
+    # 64-bit: B * H * N * D passes 2**31 elements long before B * H * N rows do
+    rows = bh.to(tl.int64) * Nq + offs_m
     ok = offs_m < Nq
     tl.store(o_ptr + rows[:, None] * D + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
              mask=ok[:, None])

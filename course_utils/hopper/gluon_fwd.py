@@ -6,27 +6,33 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
 
 * **Producer partition** (1 warp, register budget ``LOADER_REGS``): issues every
   TMA copy. Q once, then K and V tiles into a ring of ``STAGES`` shared-memory
-  slots. Before refilling slot ``s`` it waits on ``kv_empty[s]``; each copy completes
-  on ``k_ready[s]`` / ``v_ready[s]``, armed with the number of bytes to expect.
+  slots. Before refilling K slot ``s`` it waits on ``k_empty[s]``, before refilling V
+  slot ``s`` on ``v_empty[s]``; each copy completes on ``k_ready[s]`` / ``v_ready[s]``,
+  armed with the number of bytes to expect.
 * **Consumer partition** (the default partition: 2 warpgroups = 8 warps, 128 query
   rows): for each key block, wait ``k_ready``, ``S = Q K^T`` with ``warpgroup_mma``
-  (wgmma, operands straight from shared memory), online softmax in registers, wait
-  ``v_ready``, ``O += P V`` with P from registers, then arrive on ``kv_empty`` to
-  hand the slot back to the producer.
+  (wgmma, operands straight from shared memory), arrive on ``k_empty`` once ``S`` is
+  done, online softmax in registers, wait ``v_ready``, ``O += P V`` with P from
+  registers, then arrive on ``v_empty``. K and V go back separately because the
+  pipelined loop below needs ``K_{j+1}`` while it still holds ``V_j``: with one
+  shared "empty" barrier a single-slot ring (``stages=1``) deadlocks.
 * With ``PIPELINE=True`` the consumer issues the next block's ``Q K^T`` before it
   does this block's softmax, so the tensor cores work while the exp unit does (the
   intra-warpgroup overlap of FlashAttention-3, section 3.2 of the paper).
 
 * With ``pingpong=True`` (FlashAttention-3's full schedule) there are **two** consumer
   partitions of one warpgroup (64 query rows) each. They share the K/V ring
-  (``kv_empty`` expects two arrivals) and take turns issuing their matmuls through two
+  (``k_empty`` and ``v_empty`` expect two arrivals) and take turns issuing their matmuls through two
   mbarriers ``turn[0]`` / ``turn[1]``, so one consumer's softmax overlaps the other's
   matmuls; each runs the pipelined loop. ``worker_num_regs`` gives each consumer
   ``consumer_regs`` registers and the producer ``loader_regs`` (``setmaxnreg``).
+* Both schedules are one kernel, :func:`_attn_fwd_gluon`: ``Q_TILES`` (1 or 2) sets how
+  many query tiles the loader fetches and how many consumers share the ring, and the
+  consumer's ``PINGPONG`` constexpr adds the turn barriers around its matmuls.
 
 Barrier phases: a slot is used for the ``j // STAGES``-th time at key block ``j``, so
 its barriers complete phase ``(j // STAGES) & 1``. The producer's first wait on an
-``kv_empty`` barrier asks for the phase *before* the first (parity 1), which a fresh
+"empty" barrier asks for the phase *before* the first (parity 1), which a fresh
 barrier reports as complete, so the ring starts empty without a special case.
 
 Sizes: D in {64, 128}, ``Nq`` and ``Nk`` multiples of 128, no causal mask (lesson 6's
@@ -66,19 +72,30 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                kv_empty, q_row, kv_row, n_blocks):
-        # constexprs do not cross into a partition as arguments: read them off the shapes
+                k_empty, v_empty, q_row, kv_row, n_blocks):
+        # constexprs do not cross into a partition as arguments: read them off the shapes.
+        # Q_TILES query tiles (1, or 2 for ping-pong) of ROWS rows each, then the K/V ring.
+        Q_TILES: gl.constexpr = q_smem.shape[0]
+        ROWS: gl.constexpr = q_smem.shape[1]
+        mbarrier.expect(q_bar, Q_TILES * q_desc.block_type.nbytes)
+        for i in gl.static_range(Q_TILES):
+            tma.async_copy_global_to_shared(q_desc, [q_row + i * ROWS, 0], q_bar,
+                                            q_smem.index(i))
+        # K and V slots are handed back separately: the pipelined consumer is done with
+        # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
+        # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
+        # producer would wait for V_j's release before loading K_{j+1}, which the
+        # consumer waits for before it can finish P_j V_j: a deadlock.
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
         for j in range(n_blocks):
             s = j % STAGES
             phase = (j // STAGES) & 1
-            mbarrier.wait(kv_empty.index(s), phase ^ 1)
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
                                             k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
                                             v_smem.index(s))
@@ -97,179 +114,16 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _release(kv_empty, st):
-        # every warp of both consumer warpgroups has finished its wgmma reads of the
+    def _release(empty, st):
+        # every warp of the consumer partition has finished its wgmma reads of the
         # slot before one thread tells the producer it may overwrite it
         _sync_warps()
-        mbarrier.arrive(kv_empty.index(st), count=1)
-
-    @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr,
-                         lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr,
-                  o_row, n_blocks, qk_scale, False)
-
-    @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr,
-                            lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr,
-                  o_row, n_blocks, qk_scale, True)
-
-    @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr, lse_ptr,
-                  o_row, n_blocks, qk_scale, PIPELINE: gl.constexpr):
-        BLOCK_M: gl.constexpr = q_smem.shape[0]
-        D: gl.constexpr = q_smem.shape[1]
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        STAGES: gl.constexpr = k_smem.shape[0]
-        NUM_WARPS: gl.constexpr = gl.num_warps()
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-        acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-
-        mbarrier.wait(q_bar, 0)
-        if PIPELINE:
-            # prologue: S_0 and its softmax
-            mbarrier.wait(k_ready.index(0), 0)
-            s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s,))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-            for j in range(n_blocks - 1):
-                st = j % STAGES
-                nst = (j + 1) % STAGES
-                # 1. issue S_{j+1} = Q K_{j+1}^T
-                mbarrier.wait(k_ready.index(nst), ((j + 1) // STAGES) & 1)
-                s_next = warpgroup_mma(q_smem, k_smem.index(nst).permute((1, 0)), s_zero,
-                                       use_acc=False, is_async=True)
-                # 2. issue O += P_j V_j behind it
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-                acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
-                # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
-                s = warpgroup_mma_wait(1, deps=(s_next,))
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-                acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-                _release(kv_empty, st)
-            last = n_blocks - 1
-            st = last % STAGES
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-            mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
-            acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            _release(kv_empty, st)
-        else:
-            # the serial FA2 order inside one warpgroup: matmul, softmax, matmul
-            for j in range(n_blocks):
-                st = j % STAGES
-                phase = (j // STAGES) & 1
-                mbarrier.wait(k_ready.index(st), phase)
-                s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
-                s = warpgroup_mma_wait(0, deps=(s,))
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                mbarrier.wait(v_ready.index(st), phase)
-                acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-                _release(kv_empty, st)
-
-        l_o = gl.convert_layout(l_i, row_o)
-        out = acc / gl.expand_dims(l_o, 1)
-        rows = o_row + gl.arange(0, BLOCK_M, layout=row_o)
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        ptrs = o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0)
-        gl.store(ptrs, out.to(o_ptr.dtype.element_ty))
-        lse_rows = o_row + gl.arange(0, BLOCK_M, layout=row_s)
-        gl.store(lse_ptr + lse_rows, (m_i + gl.log2(l_i)) * _LN2)
-
-    @gluon.jit
-    def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
-                        D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, PIPELINE: gl.constexpr,
-                        LOADER_REGS: gl.constexpr,
-                        NUM_WARPS: gl.constexpr):
-        start_m = gl.program_id(0)
-        bh = gl.program_id(1)
-        b = bh // Hq
-        h = bh % Hq
-        q_row = bh * Nq + start_m * BLOCK_M
-        kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
-        n_blocks = Nk // BLOCK_N
-
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, D], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=1)
-
-        consumer_args = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, o_ptr,
-                         lse_ptr, q_row, n_blocks, qk_scale)
-        loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                       kv_empty, q_row, kv_row, n_blocks)
-        # the default partition (this kernel's 8 warps) consumes; one extra warp loads
-        if PIPELINE:
-            gl.warp_specialize([(_consumer_pipelined, consumer_args), (_loader, loader_args)],
-                               [1], [LOADER_REGS])
-        else:
-            gl.warp_specialize([(_consumer_serial, consumer_args), (_loader, loader_args)],
-                               [1], [LOADER_REGS])
-
-        mbarrier.invalidate(q_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_ready.index(i))
-            mbarrier.invalidate(v_ready.index(i))
-            mbarrier.invalidate(kv_empty.index(i))
-
-
-    # ------------------------------------------------------------------ ping-pong
-    # Two consumer partitions of one warpgroup (64 query rows) each, sharing the K/V
-    # ring, and taking turns on the tensor cores: consumer c issues its matmuls of turn
-    # k only after the other consumer has issued its own (mbarriers turn[0], turn[1]).
-
-    @gluon.jit
-    def _loader_pp(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                   kv_empty, turn, q_row, kv_row, n_blocks):
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        STAGES: gl.constexpr = k_smem.shape[0]
-        HALF: gl.constexpr = q_smem.shape[1]
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [q_row + HALF, 0], q_bar, q_smem.index(1))
-        for j in range(n_blocks):
-            s = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(kv_empty.index(s), phase ^ 1)
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
-                                            k_smem.index(s))
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
-                                            v_smem.index(s))
+        mbarrier.arrive(empty.index(st), count=1)
 
     @gluon.jit
     def _turn_wait(turn, k, C: gl.constexpr):
-        # consumer 0's turn k follows consumer 1's turn k-1; consumer 1's turn k follows
-        # consumer 0's turn k. Each turn barrier completes one phase per arrival.
+        # ping-pong: consumer 0's turn k follows consumer 1's turn k-1; consumer 1's turn
+        # k follows consumer 0's turn k. Each turn barrier completes one phase per arrival.
         if C == 0:
             if k > 0:
                 mbarrier.wait(turn.index(0), (k - 1) & 1)
@@ -282,16 +136,21 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(turn.index(1 - C), count=1)
 
     @gluon.jit
-    def _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
-                     lse_ptr, o_row, n_blocks, qk_scale, C: gl.constexpr):
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, C: gl.constexpr,
+                  PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
+        """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
+        128 rows) or, with ``PINGPONG``, two (4 warps, 64 rows each) that take turns on
+        the tensor cores through the ``turn`` barriers."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
+        NUM_WARPS: gl.constexpr = BLOCK_M // 16        # wgmma: 16 rows per warp
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -303,66 +162,119 @@ if GLUON_AVAILABLE:
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
 
         mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        _turn_wait(turn, 0, C)
-        s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        _turn_pass(turn, C)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-        for j in range(n_blocks - 1):
-            st = j % STAGES
-            nst = (j + 1) % STAGES
-            mbarrier.wait(k_ready.index(nst), ((j + 1) // STAGES) & 1)
+        if PIPELINE:
+            # prologue: S_0 and its softmax
+            mbarrier.wait(k_ready.index(0), 0)
+            if PINGPONG:
+                _turn_wait(turn, 0, C)
+            s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            if PINGPONG:
+                _turn_pass(turn, C)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            _release(k_empty, 0)                 # K_0 is read: the producer may refill it
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+            for j in range(n_blocks - 1):
+                st = j % STAGES
+                nst = (j + 1) % STAGES
+                mbarrier.wait(k_ready.index(nst), ((j + 1) // STAGES) & 1)
+                if PINGPONG:
+                    # prepare P_j first, then issue both matmuls in this consumer's turn
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+                    _turn_wait(turn, j + 1, C)
+                    s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
+                                           use_acc=False, is_async=True)
+                    acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+                    _turn_pass(turn, C)
+                else:
+                    # 1. issue S_{j+1} = Q K_{j+1}^T; 2. issue O += P_j V_j behind it
+                    s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
+                                           use_acc=False, is_async=True)
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                    p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+                    acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+                # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
+                s = warpgroup_mma_wait(1, deps=(s_next,))
+                _release(k_empty, nst)           # K_{j+1} is read; V_j may still be in use
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+                acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+                _release(v_empty, st)
+            last = n_blocks - 1
+            st = last % STAGES
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-            mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-            _turn_wait(turn, j + 1, C)
-            s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
-                                   use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
+            if PINGPONG:
+                _turn_wait(turn, n_blocks, C)
             acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
-            _turn_pass(turn, C)
-            s = warpgroup_mma_wait(1, deps=(s_next,))
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
-            acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-            _release(kv_empty, st)
-        last = n_blocks - 1
-        st = last % STAGES
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-        mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
-        _turn_wait(turn, n_blocks, C)
-        acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
-        _turn_pass(turn, C)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        _release(kv_empty, st)
+            if PINGPONG:
+                _turn_pass(turn, C)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _release(v_empty, st)
+        else:
+            # the serial FA2 order inside one warpgroup: matmul, softmax, matmul
+            for j in range(n_blocks):
+                st = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(st), phase)
+                s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(s,))
+                _release(k_empty, st)
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                mbarrier.wait(v_ready.index(st), phase)
+                acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                _release(v_empty, st)
 
         out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        # 64-bit row offsets: B * H * N * D passes 2**31 long before the row count does
         base = o_row + C * BLOCK_M
-        rows = base + gl.arange(0, BLOCK_M, layout=row_o)
+        rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
                  out.to(o_ptr.dtype.element_ty))
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
                  (m_i + gl.log2(l_i)) * _LN2)
 
+    # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
-                      lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
-                     lse_ptr, o_row, n_blocks, qk_scale, 0)
+    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 0, False, False)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
-                      lse_ptr, o_row, n_blocks, qk_scale):
-        _consumer_pp(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
-                     lse_ptr, o_row, n_blocks, qk_scale, 1)
+    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                            turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 0, True, False)
 
     @gluon.jit
-    def _attn_fwd_gluon_pp(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
-                           D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                           STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
-                           CONSUMER_REGS: gl.constexpr):
+    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 0, True, True)
+
+    @gluon.jit
+    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 1, True, True)
+
+    @gluon.jit
+    def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
+                        D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, PIPELINE: gl.constexpr,
+                        Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr):
+        # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
+        # Q_TILES = 2: ping-pong, two consumers of BLOCK_M // 2 rows (4 warps each).
         start_m = gl.program_id(0)
         bh = gl.program_id(1)
         b = bh // Hq
@@ -370,30 +282,42 @@ if GLUON_AVAILABLE:
         q_row = bh * Nq + start_m * BLOCK_M
         kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
         n_blocks = Nk // BLOCK_N
-        HALF: gl.constexpr = BLOCK_M // 2
+        ROWS: gl.constexpr = BLOCK_M // Q_TILES
 
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, HALF, D], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_TILES, ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)        # both consumers release
+            mbarrier.init(k_empty.index(i), count=Q_TILES)   # every consumer releases
+            mbarrier.init(v_empty.index(i), count=Q_TILES)
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
 
-        cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, o_ptr,
+        cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                  lse_ptr, q_row, n_blocks, qk_scale)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                 kv_empty, turn, q_row, kv_row, n_blocks)
-        gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs), (_loader_pp, largs)],
-                           [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                 k_empty, v_empty, q_row, kv_row, n_blocks)
+        if Q_TILES == 2:
+            # the default partition (4 warps) is consumer 0; consumer 1 (4 warps) and the
+            # loader (1 warp) are workers with setmaxnreg budgets
+            gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
+                                (_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif PIPELINE:
+            # the default partition (8 warps) consumes; one extra warp loads
+            gl.warp_specialize([(_consumer_pipelined, cargs), (_loader, largs)],
+                               [1], [LOADER_REGS])
+        else:
+            gl.warp_specialize([(_consumer_serial, cargs), (_loader, largs)],
+                               [1], [LOADER_REGS])
 
         mbarrier.invalidate(q_bar)
         mbarrier.invalidate(turn.index(0))
@@ -401,7 +325,8 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_ready.index(i))
             mbarrier.invalidate(v_ready.index(i))
-            mbarrier.invalidate(kv_empty.index(i))
+            mbarrier.invalidate(k_empty.index(i))
+            mbarrier.invalidate(v_empty.index(i))
 
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
@@ -444,14 +369,9 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     o = torch.empty((sh.B, sh.Hq, sh.Nq, sh.D), device=q.device, dtype=q.dtype)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
     grid = (sh.Nq // BLOCK_M, sh.B * sh.Hq)
-    if pingpong:
-        _attn_fwd_gluon_pp[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq,
-                                 sh.Nk, sh.group, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                                 STAGES=stages, LOADER_REGS=loader_regs,
-                                 CONSUMER_REGS=consumer_regs, num_warps=4)
-        return (o, lse) if return_lse else o
     _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq, sh.Nk,
                           sh.group, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
-                          PIPELINE=pipeline, LOADER_REGS=loader_regs,
-                          NUM_WARPS=8, num_warps=8)
+                          PIPELINE=pipeline, Q_TILES=2 if pingpong else 1,
+                          LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
+                          num_warps=4 if pingpong else 8)
     return (o, lse) if return_lse else o

@@ -18,18 +18,30 @@ The copy engine serves its requests in order. On the other units one warpgroup's
 ops run in the order it issued them, and several warpgroups are **processor-shared**:
 the warp schedulers interleave the instructions of every ready warp, so two
 warpgroups that issue matmuls together each get half the tensor cores and finish
-together. That is
-why two uncoordinated warpgroups stay in lockstep, and why FlashAttention-3 orders
-them explicitly (ping-pong).
+together. Under
+this sharing two uncoordinated warpgroups stay in lockstep, which is what
+FlashAttention-3's explicit ordering (ping-pong) is meant to break.
 
 **Warpgroups** run a *program*: a list of instructions executed in order.
 
 * :class:`Op` -- start work on a unit. ``sync=True``: the warpgroup waits for it (the
   softmax). ``sync=False``: it returns at once (TMA copies, async wgmma), and the op
   arrives on ``barrier`` when done. ``reads`` / ``writes`` name shared-memory buffers.
-* :class:`Wait` -- block until ``barrier`` has seen ``count`` arrivals (an mbarrier
-  waits for a phase; counting arrivals is the same information without the parity).
+* :class:`Wait` -- block until ``barrier`` has seen ``count`` arrivals (the
+  simple form, also used for ``wgmma.wait_group``: "my n-th matmul has finished").
+* :class:`WaitParity` -- the real mbarrier wait, ``mbarrier.wait(bar, parity)``: a
+  barrier completes a *phase* each time it has received ``Schedule.arrivals_per_phase``
+  arrivals (default 1), and the wait returns once the barrier's current phase has a
+  parity different from ``parity`` -- that is, once the phase with that parity has
+  completed. One bit cannot tell phase k from phase k + 2, which is why a ring slot's
+  waits use ``(j // stages) & 1`` and why a wrong parity hangs or reads a stale tile.
 * :class:`Arrive` -- one arrival on a barrier (a consumer releasing a buffer).
+
+:func:`build_schedule` builds the six idealised schedules of the lesson (each with
+two consumer warpgroups); :func:`build_kernel_schedule` builds the programs of the
+course's real kernels (``hopper/triton_fwd.py``, ``hopper/gluon_fwd.py``) with their
+own barriers and parities, and :data:`KERNEL_MODELS` maps each benchmarked provider
+to one of them.
 
 **Checks.** The simulator raises :class:`DeadlockError` when nothing is running and
 some warpgroups wait forever (naming each one, its barrier, and the arrivals it
@@ -39,14 +51,19 @@ the warpgroups' registers do not fit the 64K-register file.
 
 **Assumptions** (parameters of :class:`Hardware`, not measured facts): ``l2_reuse``
 -- a K/V tile is fetched from HBM once and served from L2 to about this many SMs
-working on the same head; every op runs at its unit's full rate.
+working on the same head; ``tensor_in_order`` -- ``False`` (default): warpgroups that
+have matmuls in flight share the tensor cores as described above; ``True``: the tensor
+cores run matmuls one after another in issue order, across warpgroups, so ordering
+the *issue* (ping-pong's turn barriers) orders the execution too. Every op runs at its
+unit's full rate, with no latency.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 __all__ = [
-    "Hardware", "H100", "Op", "Wait", "Arrive", "Warpgroup", "Schedule", "SimResult",
+    "Hardware", "H100", "Op", "Wait", "WaitParity", "Arrive", "Warpgroup", "Schedule",
+    "SimResult", "build_kernel_schedule", "KERNEL_NAMES", "KERNEL_MODELS", "predict_kernels",
     "SimulationError", "DeadlockError", "HazardError", "RegisterBudgetError",
     "simulate", "build_schedule", "SCHEDULE_NAMES", "FA3_ABLATION", "register_need",
     "register_split", "plot_timeline", "compare_with_fa3",
@@ -65,6 +82,8 @@ class Hardware:
     alu_tflops: float = 67.0         # fp32 FMA units (2 FLOPs per FMA)
     hbm_tbps: float = 3.35
     l2_reuse: float = 8.0            # assumption, see the module docstring
+    tensor_in_order: bool = False    # assumption: True = matmuls of all warpgroups run in
+                                     # issue order; False = concurrent ones share the rate
     regs_per_sm: int = 65536
     max_regs_per_thread: int = 255
 
@@ -102,6 +121,18 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class WaitParity:
+    """``mbarrier.wait(barrier, parity)``: returns once the phase of that parity has
+    completed, i.e. while the barrier's current phase has the other parity."""
+    barrier: str
+    parity: int
+
+    def __post_init__(self):
+        if self.parity not in (0, 1):
+            raise ValueError(f"parity must be 0 or 1, got {self.parity!r}")
+
+
+@dataclass(frozen=True)
 class Arrive:
     barrier: str
 
@@ -122,6 +153,7 @@ class Schedule:
     readers: dict = field(default_factory=dict)   # buffer -> readers per fill
     setmaxnreg: bool = True
     description: str = ""
+    arrivals_per_phase: dict = field(default_factory=dict)   # barrier -> count (default 1)
 
 
 class SimulationError(RuntimeError):
@@ -132,13 +164,16 @@ class DeadlockError(SimulationError):
     def __init__(self, time, blocked):
         self.time = time
         self.blocked = blocked        # [(warpgroup, barrier, needs, has)]
+        # needs: an arrival count (Wait) or "parity p" (WaitParity); has: arrivals so far
         lines = [f"  {wg} waits on '{bar}' for arrival #{need}, it has {have}"
-                 for wg, bar, need, have in blocked]
+                 if isinstance(need, int) else
+                 f"  {wg} waits on '{bar}' for the phase of {need} to complete; it has "
+                 f"{have} arrival(s)" for wg, bar, need, have in blocked]
         super().__init__(
             f"deadlock at t={time:.3f} us: nothing is running and every unfinished warpgroup "
             "waits on a barrier that nobody will arrive on:\n" + "\n".join(lines)
-            + "\nLook for a missing Arrive (a consumer that never releases a buffer) or a Wait "
-            "whose count is one phase ahead.")
+            + "\nLook for a missing Arrive (a consumer that never releases a buffer), a Wait "
+            "whose count is one phase ahead, or a WaitParity with the wrong parity.")
 
 
 class HazardError(SimulationError):
@@ -225,6 +260,7 @@ def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = Tr
                 raise ValueError(f"{wg.name}: Op {ins.label!r} names unit {ins.unit!r}; "
                                  f"units are {UNITS}")
     rates = {u: hw.rate(u) for u in UNITS}
+    fifo_units = FIFO_UNITS + (("tensor",) if hw.tensor_in_order else ())
     arrivals: dict[str, int] = {}
     buffers: dict[str, _Buffer] = {}
     pc = [0] * len(wgs)
@@ -293,6 +329,11 @@ def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = Tr
         if blocked[i] == ("op", op_id):
             blocked[i] = None
 
+    def parity_done(barrier, parity):
+        per_phase = schedule.arrivals_per_phase.get(barrier, 1)
+        phase = arrivals.get(barrier, 0) // per_phase      # index of the current phase
+        return phase % 2 != parity
+
     def advance_programs():
         progressed = True
         while progressed:
@@ -304,6 +345,10 @@ def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = Tr
                         if arrivals.get(ins.barrier, 0) < ins.count:
                             blocked[i] = ("wait", ins.barrier, ins.count, t)
                             break
+                    elif isinstance(ins, WaitParity):
+                        if not parity_done(ins.barrier, ins.parity):
+                            blocked[i] = ("parity", ins.barrier, ins.parity, t)
+                            break
                     elif isinstance(ins, Arrive):
                         arrivals[ins.barrier] = arrivals.get(ins.barrier, 0) + 1
                         progressed = True
@@ -313,12 +358,14 @@ def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = Tr
                             blocked[i] = ("op", op_id)
                     else:
                         raise TypeError(f"{wg.name}: instruction {pc[i]} is "
-                                        f"{type(ins).__name__}, not Op / Wait / Arrive")
+                                        f"{type(ins).__name__}, not Op / Wait / WaitParity / "
+                                        "Arrive")
                     pc[i] += 1
                 # release waits satisfied by arrivals made in this pass
             for i in range(len(wgs)):
                 bl = blocked[i]
-                if bl and bl[0] == "wait" and arrivals.get(bl[1], 0) >= bl[2]:
+                if bl and ((bl[0] == "wait" and arrivals.get(bl[1], 0) >= bl[2])
+                           or (bl[0] == "parity" and parity_done(bl[1], bl[2]))):
                     if t > bl[3]:
                         waits.append((wgs[i].name, bl[1], bl[3], t))
                     blocked[i] = None
@@ -328,8 +375,9 @@ def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = Tr
     while True:
         active = [(u, e) for u in UNITS for e in running[u]]
         if not active:
-            stuck = [(wgs[i].name, b[1], b[2], arrivals.get(b[1], 0))
-                     for i, b in enumerate(blocked) if b and b[0] == "wait"]
+            stuck = [(wgs[i].name, b[1], b[2] if b[0] == "wait" else f"parity {b[2]}",
+                      arrivals.get(b[1], 0))
+                     for i, b in enumerate(blocked) if b and b[0] in ("wait", "parity")]
             if stuck:
                 raise DeadlockError(t, stuck)
             break
@@ -344,7 +392,7 @@ def simulate(schedule: Schedule, hw: Hardware = H100, check_registers: bool = Tr
             heads[u] = set(firsts.values())
 
         def share(u, e):
-            if u in FIFO_UNITS:
+            if u in fifo_units:
                 return rates[u] if e is running[u][0] else 0.0
             return rates[u] / len(heads[u]) if e[0] in heads[u] else 0.0
         dt = min(e[1] / share(u, e) for u, e in active if share(u, e) > 0)
@@ -532,6 +580,183 @@ def compare_with_fa3(hw: Hardware = H100, **kw) -> list:
                      "tensor_util": round(r.utilization["tensor"], 3),
                      "fa3_paper_tflops": FA3_ABLATION.get(name)})
     return sorted(rows, key=lambda r: r["predicted_tflops"])
+
+
+# --------------------------------------------------------------------------- the real kernels
+KERNEL_NAMES = ("triton_tma", "gluon_ws_serial", "gluon_ws_pipe", "gluon_pingpong")
+
+_KERNEL_DESCRIPTIONS = {
+    "triton_tma": "hopper/triton_fwd.py: one program of 8 warps (128 query rows, both "
+                  "warpgroups in lockstep) issues its own K/V copies `stages - 1` blocks "
+                  "ahead (Triton's software pipeline); matmul, softmax, matmul in order",
+    "gluon_ws_serial": "hopper/gluon_fwd.py, pipeline=False: a 1-warp producer fills a ring "
+                       "of K/V slots; one 8-warp consumer (128 rows, lockstep) runs "
+                       "matmul, softmax, matmul and releases the slot on kv_empty",
+    "gluon_ws_pipe": "hopper/gluon_fwd.py, pipeline=True: as gluon_ws_serial, but the "
+                     "consumer issues S_{j+1} and P_j V_j before the softmax of block j+1 "
+                     "(warpgroup_mma_wait(1))",
+    "gluon_pingpong": "hopper/gluon_fwd.py, pingpong=True: a 1-warp producer and two "
+                      "1-warpgroup consumers (64 rows each) that take turns on the tensor "
+                      "cores through the mbarriers turn[0] / turn[1], each pipelined",
+}
+
+# benchmark provider (course_utils/bench/hopper.py) -> (kernel, K/V stages); the
+# providers missing here (SDPA, Triton's compiler warp specialisation, FP8) have no
+# program the simulator could copy
+KERNEL_MODELS = {
+    "triton_tma_s1": ("triton_tma", 1), "triton_tma_s2": ("triton_tma", 2),
+    "triton_tma_s3": ("triton_tma", 3),
+    "gluon_ws_serial": ("gluon_ws_serial", 2), "gluon_ws_pipe": ("gluon_ws_pipe", 2),
+    "gluon_ws_pipe_s3": ("gluon_ws_pipe", 3),
+    "gluon_pingpong": ("gluon_pingpong", 2), "gluon_pingpong_s3": ("gluon_pingpong", 3),
+}
+
+
+def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, Bc: int = 128,
+                          D: int = 128) -> Schedule:
+    """The programs one CTA (one SM) of a course kernel runs, with the kernel's own
+    barriers: ``k_ready[s]`` / ``v_ready[s]`` (one arrival per phase, the TMA copy),
+    ``kv_empty[s]`` (one arrival per consumer partition) and, for ping-pong,
+    ``turn[0]`` / ``turn[1]``; every mbarrier wait is a :class:`WaitParity` with the
+    parity the kernel passes. A CTA has 128 query rows (``BLOCK_M`` of the kernels).
+    ``wgmma.wait_group`` is a count :class:`Wait` on the warpgroup's own matmuls.
+
+    With ``stages=1`` the pipelined consumers (``gluon_ws_pipe``, ``gluon_pingpong``)
+    deadlock, as the kernel would: they wait for ``K_{j+1}`` before releasing the one
+    slot that ``K_{j+1}`` must be copied into."""
+    if kernel not in KERNEL_NAMES:
+        raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
+    for arg, val in (("stages", stages), ("n_blocks", n_blocks), ("Bc", Bc), ("D", D)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{arg} must be a positive int, got {val!r}")
+    kv_bytes = Bc * D * 2
+    pingpong = kernel == "gluon_pingpong"
+    pipelined = kernel in ("gluon_ws_pipe", "gluon_pingpong")
+    consumers = 2 if pingpong else 1
+    Br = 64 if pingpong else 128                 # rows per consumer partition
+    threads = 128 if pingpong else 256
+    gemm = 2.0 * Br * Bc * D
+    alu_ops = 4 * Br * Bc + Br * D
+
+    def ph(j):                                   # the parity of slot j % stages at block j
+        return (j // stages) & 1
+
+    def K(j):
+        return f"K[{j % stages}]"
+
+    def V(j):
+        return f"V[{j % stages}]"
+
+    def qk(j, c, sync):
+        return Op("tensor", gemm, f"S{j}=QK{j}", sync=sync, barrier=f"wgmma{c}",
+                  reads=(K(j),), flops=gemm)
+
+    def pv(j, c, sync):
+        return Op("tensor", gemm, f"O+=P{j}V{j}", sync=sync, barrier=f"wgmma{c}",
+                  reads=(V(j),), flops=gemm)
+
+    def softmax(j):
+        return [Op("mufu", Br * Bc, f"exp S{j}"), Op("alu", alu_ops, f"softmax S{j}")]
+
+    def load(kind, j, sync):
+        buf = K(j) if kind == "K" else V(j)
+        return Op("tma", kv_bytes, f"load {kind}{j}", sync=sync,
+                  barrier=f"{kind.lower()}_ready[{j % stages}]", writes=(buf,))
+
+    per_phase = {f"kv_empty[{s}]": consumers for s in range(stages)}
+    readers = {f"{kind}[{s}]": consumers for kind in "KV" for s in range(stages)}
+    wgs = []
+    if kernel == "triton_tma":
+        # the compiler's software pipeline: loads of block j + stages - 1 are issued at
+        # the top of iteration j into the slot block j - 1 has just finished with
+        prog = []
+        ahead = stages - 1
+        if ahead == 0:
+            for j in range(n_blocks):
+                prog += [load("K", j, True), qk(j, 0, True)] + softmax(j)
+                prog += [load("V", j, True), pv(j, 0, True)]
+        else:
+            for j in range(min(ahead, n_blocks)):
+                prog += [load("K", j, False), load("V", j, False)]
+            for j in range(n_blocks):
+                if j + ahead < n_blocks:
+                    prog += [load("K", j + ahead, False), load("V", j + ahead, False)]
+                prog += [WaitParity(f"k_ready[{j % stages}]", ph(j)), qk(j, 0, True)]
+                prog += softmax(j)
+                prog += [WaitParity(f"v_ready[{j % stages}]", ph(j)), pv(j, 0, True)]
+        wgs.append(Warpgroup("program (8 warps)", "consumer", prog,
+                             regs=register_need(64, Bc, D, False), threads=threads))
+        return Schedule(f"{kernel} ({stages} stage{'s' if stages > 1 else ''})", wgs, readers,
+                        False, _KERNEL_DESCRIPTIONS[kernel], per_phase)
+
+    # gluon: the loader partition (_loader / _loader_pp)
+    prog = []
+    for j in range(n_blocks):
+        s = j % stages
+        prog += [WaitParity(f"kv_empty[{s}]", ph(j) ^ 1), load("K", j, False), load("V", j, False)]
+    wgs.append(Warpgroup("producer (1 warp)", "producer", prog, regs=24, threads=32))
+
+    def turn_wait(k, c):
+        if not pingpong:
+            return []
+        if c == 0:
+            return [WaitParity("turn[0]", (k - 1) & 1)] if k > 0 else []
+        return [WaitParity("turn[1]", k & 1)]
+
+    def turn_pass(c):
+        return [Arrive(f"turn[{1 - c}]")] if pingpong else []
+
+    for c in range(consumers):
+        prog = []
+        issued = 0                               # matmuls this consumer has issued
+
+        def done_upto(n, c=c):                   # warpgroup_mma_wait: the first n finished
+            return Wait(f"wgmma{c}", n)
+        if not pipelined:
+            for j in range(n_blocks):
+                prog += [WaitParity(f"k_ready[{j % stages}]", ph(j)), qk(j, c, True)]
+                prog += softmax(j)
+                prog += [WaitParity(f"v_ready[{j % stages}]", ph(j)), pv(j, c, True)]
+                prog += [Arrive(f"kv_empty[{j % stages}]")]
+        else:
+            prog += [WaitParity("k_ready[0]", 0)] + turn_wait(0, c) + [qk(0, c, False)]
+            issued += 1
+            prog += turn_pass(c) + [done_upto(issued)] + softmax(0)
+            for j in range(n_blocks - 1):
+                prog += [WaitParity(f"k_ready[{(j + 1) % stages}]", ph(j + 1))]
+                if pingpong:
+                    prog += [WaitParity(f"v_ready[{j % stages}]", ph(j))] + turn_wait(j + 1, c)
+                    prog += [qk(j + 1, c, False), pv(j, c, False)] + turn_pass(c)
+                else:
+                    prog += [qk(j + 1, c, False), WaitParity(f"v_ready[{j % stages}]", ph(j)),
+                             pv(j, c, False)]
+                issued += 2
+                # warpgroup_mma_wait(1): S_{j+1} has finished, P_j V_j may still run
+                prog += [done_upto(issued - 1)] + softmax(j + 1)
+                prog += [done_upto(issued), Arrive(f"kv_empty[{j % stages}]")]
+            last = n_blocks - 1
+            prog += [WaitParity(f"v_ready[{last % stages}]", ph(last))] + turn_wait(n_blocks, c)
+            prog += [pv(last, c, False)] + turn_pass(c)
+            issued += 1
+            prog += [done_upto(issued), Arrive(f"kv_empty[{last % stages}]")]
+        name = f"consumer{c} (1 warpgroup)" if pingpong else "consumer (8 warps)"
+        wgs.append(Warpgroup(name, "consumer", prog, regs=register_need(64, Bc, D, pipelined),
+                             threads=threads))
+    return Schedule(f"{kernel} ({stages} stage{'s' if stages > 1 else ''})", wgs, readers, True,
+                    _KERNEL_DESCRIPTIONS[kernel], per_phase)
+
+
+def predict_kernels(providers=None, hw: Hardware = H100, **kw) -> dict:
+    """Predicted TFLOPS for each benchmark provider in :data:`KERNEL_MODELS` (or the
+    given subset): ``{provider: tflops}``."""
+    providers = list(KERNEL_MODELS) if providers is None else list(providers)
+    out = {}
+    for p in providers:
+        if p not in KERNEL_MODELS:
+            raise ValueError(f"no kernel model for provider {p!r}; known: {list(KERNEL_MODELS)}")
+        kernel, stages = KERNEL_MODELS[p]
+        out[p] = simulate(build_kernel_schedule(kernel, stages=stages, **kw), hw).tflops
+    return out
 
 
 # --------------------------------------------------------------------------- plotting

@@ -1,14 +1,19 @@
 """The course in a real browser: the README's lab command serves JupyterLab with
-working ipywidgets, and the lesson animations move when a learner presses Play
-or drags the slider.
+working ipywidgets, and every interactive widget of every lesson works when a
+learner uses it.
 
-Each browser test opens a lesson in /lab, runs cells until the widget under
-test appears (the imports and the cells that show a view; every cell from the
-top when those need more), presses Play, pauses, drags the slider, and checks
-after each action that the text the widget shows has changed. Screenshots go to
-``artifacts/browser/``; a failing step names itself and keeps a screenshot of
-the page at that moment. JupyterLab runs with autosave off, and each test checks
-that its lesson file is unchanged on disk afterwards.
+For each lesson that displays a widget, the test opens it in /lab and runs its
+cells in order, as a learner would, up to the last cell that can show a widget.
+Every cell whose output holds a live widget is then driven: it must be drawn
+(rendered); its Play button must move it and Pause stop it (played); every
+toggle and drop-down must change what it shows and, switched back, show the
+same again; its slider is dragged to an end and stepped back with the keyboard
+(scrubbed), and the view must then be exactly what it was before (its state is
+a function of the controls). Cells with a known final state are checked for it
+(the trace's cycle count, the softmax sum, the last tile step). Screenshots go
+to ``artifacts/browser/``; a failing step names itself and keeps a screenshot of
+the page at that moment. JupyterLab runs with autosave off, and each test
+checks that its lesson file is unchanged on disk afterwards.
 """
 from __future__ import annotations
 
@@ -28,11 +33,40 @@ pytestmark = [pytest.mark.xdist_group("browser"), pytest.mark.slow]
 
 WIDGETS_EXTENSION = "@jupyter-widgets/jupyterlab-manager"
 
-# (lesson notebook, CSS class of the element whose text shows the state, artifact prefix)
-LESSONS = [
-    ("notebooks/01_register_machine.ipynb", "course-registers", "lesson01-trace-stepper"),
-    ("notebooks/04_tiled_attention.ipynb", "course-tile-state", "lesson04-tile-animation"),
-]
+# a cell that may display a widget: course_utils.widgets.show(view) (not plt.show, not a
+# lesson's own `def show`), a view's .widget(), or ipywidgets' interact
+WIDGET_CALL = re.compile(r"^(?!\s*def ).*((?<![\w.])show\(|\.widget\(\)|interact\()", re.M)
+
+# what a few widgets must show at the far end of their slider (cell id -> substrings)
+FINAL_STATE = {
+    "l01-07": ["cycles 7"],                    # Problem 1: 4 LOAD + 2 MAC + 1 STORE
+    "l02-15": ["m = 6", "s = 1.57806"],        # the running sum over [3, 1, 5, 2, 6, 4]
+}
+# lessons that must have at least one live widget (a lesson losing its widget fails)
+MUST_HAVE_WIDGETS = ("01", "02", "04", "05", "08", "09")
+
+
+def widget_cells(path):
+    """Indexes of the code cells that may display a widget."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    return [k for k, c in enumerate(nb.cells)
+            if c.cell_type == "code" and WIDGET_CALL.search(c.source)]
+
+
+def lessons_with_widgets():
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+                  if widget_cells(p))
+
+
+LESSONS = lessons_with_widgets()
+
+
+def test_every_lesson_with_a_widget_is_driven():
+    found = {Path(p).name[:2] for p in LESSONS}
+    missing = [n for n in MUST_HAVE_WIDGETS if n not in found]
+    assert not missing, f"no widget cell found in lessons {missing} (found {sorted(found)})"
+
 
 CELL_TIMEOUT_MS = 300_000
 CHANGE_TIMEOUT_S = 30
@@ -152,36 +186,9 @@ _SHUTDOWN = """async (path) => {
 }""" % _PANEL
 
 
-def _wait_for_change(locator, before, what):
-    deadline = time.time() + CHANGE_TIMEOUT_S
-    now = locator.inner_text()
-    while now == before:
-        if time.time() > deadline:
-            raise AssertionError(f"the displayed text did not change within {CHANGE_TIMEOUT_S} s "
-                                 f"after {what}; it still reads {before!r}")
-        time.sleep(0.2)
-        now = locator.inner_text()
-    return now
-
-
-def _widget_cells(path):
-    """Code cells that display a view (``show(...)`` or ``.widget()``), in order."""
-    import nbformat
-    nb = nbformat.read(path, as_version=4)
-    code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code"]
-    shows = [k for k in code if "show(" in nb.cells[k].source or ".widget()" in
-             nb.cells[k].source]
-    return (code[0] if code else None), shows
-
-
-def _open_and_run_to_widget(page, steps, lab, notebook, css):
-    """Open ``notebook`` in /lab and run cells until an element with CSS class ``css``
-    is drawn; returns (the output area that holds it, the cell's index).
-
-    Fast path: the first code cell (the imports), then each cell that shows a view,
-    so that a widget near the end of a long lesson does not cost the whole lesson.
-    When such a cell needs names from earlier cells (NameError), every cell from
-    the top is run in order, as a learner would."""
+def _open_and_run(page, steps, lab, notebook, last):
+    """Open ``notebook`` in /lab and run cells 0..``last`` in order; returns the
+    indexes of the cells whose output holds a live widget (drawn, without error)."""
     with steps.step(f"open {notebook} in /lab and start its kernel"):
         # a workspace of its own, so that nothing opened by another test is restored
         page.goto(f"{lab.url}/lab/workspaces/{steps.prefix}/tree/{notebook}?token={lab.token}")
@@ -191,49 +198,171 @@ def _open_and_run_to_widget(page, steps, lab, notebook, css):
             dialog.locator(".jp-mod-accept").first.click()
             page.wait_for_function(_KERNEL_IDLE, arg=notebook, timeout=120_000)
         n_cells = page.evaluate(_N_CELLS, notebook)
-        assert n_cells > 0, "the notebook opened with no cells"
-    target = page.locator(f".{css}")
-
-    def run(i, name_error_ok=False):
-        """Run cell i; True when the element with class ``css`` is now drawn."""
+        assert n_cells > last, f"the notebook opened with {n_cells} cells, expected more than {last}"
+    drawn = []
+    for i in range(last + 1):
         with steps.step(f"run cell {i} of {notebook}"):
             r = page.evaluate(_RUN_CELL, [notebook, i, CELL_TIMEOUT_MS])
             assert not r.get("timeout"), f"cell {i} still ran after {CELL_TIMEOUT_MS // 1000} s"
-            if r["error"] and name_error_ok and r["error"].startswith("NameError"):
-                return None
             assert r["error"] is None, f"cell {i} raised {r['error']}"
             assert r["ok"], f"cell {i} did not run"
-        if not r["widget"]:
-            return False
-        with steps.step(f"draw the widgets of cell {i} (ipywidgets in JupyterLab)"):
-            page.wait_for_function(_WIDGETS_DRAWN, arg=[notebook, i], timeout=60_000)
-            cell_text = page.evaluate(_CELL_NODE, [notebook, i])
-            assert "Error displaying widget" not in cell_text, cell_text[-500:]
-        return target.count() > 0
+        if r["widget"]:
+            with steps.step(f"draw the widgets of cell {i} (ipywidgets in JupyterLab)"):
+                page.wait_for_function(_WIDGETS_DRAWN, arg=[notebook, i], timeout=60_000)
+                cell_text = page.evaluate(_CELL_NODE, [notebook, i])
+                assert "Error displaying widget" not in cell_text, cell_text[-500:]
+            drawn.append(i)
+    return drawn
 
-    first, shows = _widget_cells(ROOT / notebook)
-    found = None
-    if first is not None and shows:
-        if run(first):
-            found = first
-        for k in ([] if found is not None else [k for k in shows if k != first]):
-            done = run(k, name_error_ok=True)
-            if done is None:      # needs earlier cells: fall back to running from the top
-                break
-            if done:
-                found = k
-                break
-    if found is None:
-        for i in range(n_cells):
-            if run(i):
-                found = i
-                break
-    with steps.step(f"find the widget with CSS class {css}"):
-        if found is None:
-            raise AssertionError(f"ran all {n_cells} cells of {notebook}; none drew an element "
-                                 f"with CSS class {css!r}")
-        target.first.wait_for(state="visible", timeout=30_000)
-    return page.locator(".jp-OutputArea-output", has=target).first, found
+
+# What the output area of cell i shows: its text and a digest of each image.
+_SNAPSHOT = """async ([path, i]) => {
+  %s
+  const node = panel.content.widgets[i].node.querySelector('.jp-Cell-outputArea');
+  const imgs = Array.from(node.querySelectorAll('img')).map(im => im.src);
+  const digests = [];
+  for (const src of imgs) {
+    const buf = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(src));
+    digests.push(Array.from(new Uint8Array(buf)).slice(0, 8).map(b => b.toString(16)).join(''));
+  }
+  return node.innerText + ' [images ' + digests.join(' ') + ']';
+}""" % _PANEL
+
+
+# Marks cell i's node (so that a locator finds it) and scrolls it into view.
+_MARK = """([path, i]) => {
+  %s
+  const node = panel.content.widgets[i].node;
+  node.setAttribute('data-course-cell', String(i));
+  node.scrollIntoView({block: 'start'});
+}""" % _PANEL
+
+
+def _snapshot(page, notebook, i):
+    return page.evaluate(_SNAPSHOT, [notebook, i])
+
+
+def _wait_for(page, notebook, i, pred, what, timeout=CHANGE_TIMEOUT_S):
+    deadline = time.time() + timeout
+    now = _snapshot(page, notebook, i)
+    while not pred(now):
+        if time.time() > deadline:
+            raise AssertionError(f"{what} within {timeout} s; the widget shows {now[-300:]!r}")
+        time.sleep(0.25)
+        now = _snapshot(page, notebook, i)
+    return now
+
+
+def _settled(page, notebook, i, quiet=1.0):
+    """The snapshot once it has not changed for ``quiet`` seconds (the kernel has
+    answered the last control change)."""
+    last, since = _snapshot(page, notebook, i), time.time()
+    deadline = time.time() + CHANGE_TIMEOUT_S
+    while time.time() - since < quiet and time.time() < deadline:
+        time.sleep(0.2)
+        now = _snapshot(page, notebook, i)
+        if now != last:
+            last, since = now, time.time()
+    return last
+
+
+def _slider_value(handle):
+    return round(float(handle.get_attribute("aria-valuenow")))
+
+
+def _drive_widget(page, steps, notebook, i, cell_id):
+    """Render, play, switch, scrub and check one widget (the output of cell i)."""
+    page.evaluate(_MARK, [notebook, i])
+    output = page.locator(f'[data-course-cell="{i}"] .jp-Cell-outputArea').first
+    tag = f"cell {i} ({cell_id})"
+    with steps.step(f"{tag}: read what the widget shows"):
+        output.scroll_into_view_if_needed()
+        first = _settled(page, notebook, i)
+        assert first.strip(" \n[]images"), "the widget shows nothing"
+        steps.shot(f"{cell_id}-1-rendered", output)
+
+    # toggles and drop-downs: another choice changes the view, the first one restores it
+    toggles = output.locator(".widget-toggle-buttons button")
+    selects = output.locator(".widget-dropdown select")
+    for k in range(selects.count()):
+        sel = selects.nth(k)
+        with steps.step(f"{tag}: choose another option of drop-down {k} and back"):
+            options = sel.locator("option").all_inner_texts()
+            before = sel.input_value()
+            assert len(options) > 1, "a drop-down with one option"
+            other = next(o for o in sel.locator("option").evaluate_all(
+                "os => os.map(o => o.value)") if o != before)
+            sel.select_option(other)
+            _wait_for(page, notebook, i, lambda s: s != first, "the view did not change")
+            sel.select_option(before)
+            back = _wait_for(page, notebook, i, lambda s: s == first,
+                             "the first option did not bring the first view back")
+            assert back == first
+    if toggles.count() > 1:
+        with steps.step(f"{tag}: press the other toggle button and back"):
+            pressed = [k for k in range(toggles.count())
+                       if "mod-active" in (toggles.nth(k).get_attribute("class") or "")]
+            assert pressed, "no toggle button is pressed"
+            other = next(k for k in range(toggles.count()) if k != pressed[0])
+            toggles.nth(other).click()
+            _wait_for(page, notebook, i, lambda s: s != first, "the view did not change")
+            toggles.nth(pressed[0]).click()
+            _wait_for(page, notebook, i, lambda s: s == first,
+                      "the first button did not bring the first view back")
+
+    play = output.locator(".widget-play button").first
+    if play.count():
+        with steps.step(f"{tag}: press Play and see the view change"):
+            play.click()
+            _wait_for(page, notebook, i, lambda s: s != first, "pressing Play changed nothing")
+            steps.shot(f"{cell_id}-2-after-play", output)
+        with steps.step(f"{tag}: pause"):
+            pause = output.locator(".widget-play button:has(i.fa-pause)")
+            if pause.count():
+                pause.first.click()
+            else:   # it already reached its last step and stopped
+                assert output.locator(".widget-play button:has(i.fa-play)").count()
+
+    handles = output.locator(".widget-slider .noUi-handle")
+    with steps.step(f"{tag}: the widget has a control"):
+        assert handles.count() or play.count() or selects.count() or toggles.count() > 1, \
+            "the widget has no Play, slider, toggle or drop-down"
+    if not handles.count():
+        return
+    handle = handles.first
+    with steps.step(f"{tag}: drag the slider to an end"):
+        start_value = _slider_value(handle)
+        start_view = _settled(page, notebook, i)
+        lo = round(float(handle.get_attribute("aria-valuemin")))
+        hi = round(float(handle.get_attribute("aria-valuemax")))
+        end = lo if start_value - lo >= hi - start_value else hi
+        _drag_slider_away(page, output)
+        _wait_for(page, notebook, i, lambda s: s != start_view, "dragging the slider changed nothing")
+        deadline = time.time() + CHANGE_TIMEOUT_S
+        while _slider_value(handle) != end and time.time() < deadline:
+            time.sleep(0.2)
+        assert _slider_value(handle) == end, f"the slider reads {_slider_value(handle)}, not {end}"
+        at_end = _settled(page, notebook, i)
+        steps.shot(f"{cell_id}-3-slider-at-end", output)
+    with steps.step(f"{tag}: the state at the end of the slider"):
+        for want in FINAL_STATE.get(cell_id, []) if end == hi else []:
+            assert want in at_end, f"at the last step the widget should show {want!r}"
+        m = re.search(r"step (\d+)/(\d+)", at_end)
+        if m and end == hi:
+            assert m.group(1) == m.group(2) == str(hi), f"the widget says {m.group(0)!r} at step {hi}"
+    with steps.step(f"{tag}: step the slider back with the keyboard"):
+        handle.focus()
+        key = "ArrowLeft" if end > start_value else "ArrowRight"
+        for _ in range(abs(end - start_value)):
+            page.keyboard.press(key)
+        deadline = time.time() + CHANGE_TIMEOUT_S
+        while _slider_value(handle) != start_value and time.time() < deadline:
+            time.sleep(0.2)
+        assert _slider_value(handle) == start_value, \
+            f"the slider reads {_slider_value(handle)} after the keys, not {start_value}"
+        back = _wait_for(page, notebook, i, lambda s: s == start_view,
+                         f"back at {start_value} the widget does not show what it showed there")
+        assert back == start_view
 
 
 def _drag_slider_away(page, output):
@@ -258,12 +387,15 @@ def _sha(path):
 
 
 # ------------------------------------------------------------------ browser tests
-@pytest.mark.parametrize("notebook,css,prefix", LESSONS, ids=[p for _, _, p in LESSONS])
-def test_widget_moves_in_the_browser(lab_server, playwright_session, tmp_path,
-                                     notebook, css, prefix):
-    if not (ROOT / notebook).exists():
-        pytest.fail(f"{notebook} is missing: the browser test needs the lesson")
+@pytest.mark.parametrize("notebook", LESSONS, ids=[Path(p).stem for p in LESSONS])
+def test_every_widget_of_the_lesson_works_in_the_browser(lab_server, playwright_session,
+                                                         tmp_path, notebook):
+    import nbformat
     on_disk = _sha(ROOT / notebook)
+    cells = widget_cells(ROOT / notebook)
+    ids = [c.get("id", f"cell{k}") for k, c in
+           enumerate(nbformat.read(ROOT / notebook, as_version=4).cells)]
+    prefix = Path(notebook).stem
     path, pw = playwright_session
     from course_utils.browser import launch
     for old in ARTIFACTS.glob(f"{prefix}-*.png"):
@@ -273,38 +405,13 @@ def test_widget_moves_in_the_browser(lab_server, playwright_session, tmp_path,
     try:
         page = context.new_page()
         page.set_default_timeout(60_000)
+        page.set_viewport_size({"width": 1400, "height": 1000})
         steps = Steps(page, prefix, lab_server)
-        output, cell = _open_and_run_to_widget(page, steps, lab_server, notebook, css)
-        state = output.locator(f".{css}").first
-
-        with steps.step(f"read the widget's text (cell {cell})"):
-            output.scroll_into_view_if_needed()
-            first = state.inner_text()
-            assert first.strip(), f"the element with CSS class {css} is empty"
-            steps.shot("1-rendered", output)
-
-        play = output.locator(".widget-play button").first
-        if play.count():
-            with steps.step("press Play and see the text change"):
-                play.click()
-                playing = _wait_for_change(state, first, "pressing Play")
-                steps.shot("2-after-play", output)
-            with steps.step("pause"):
-                pause = output.locator(".widget-play button:has(i.fa-pause)")
-                if pause.count():
-                    pause.first.click()
-                else:   # it already reached its last step and stopped
-                    assert output.locator(".widget-play button:has(i.fa-play)").count()
-                time.sleep(0.5)
-                first = state.inner_text()
-                assert playing, "no text after Play"
-        sliders = output.locator(".widget-slider .noUi-handle")
-        with steps.step("drag the slider and see the text change"):
-            assert sliders.count() or play.count(), "the widget has neither Play nor a slider"
-            if sliders.count():
-                _drag_slider_away(page, output)
-                _wait_for_change(state, first, "dragging the slider")
-                steps.shot("3-after-slider", output)
+        drawn = _open_and_run(page, steps, lab_server, notebook, cells[-1])
+        with steps.step(f"find the widgets of {notebook}"):
+            assert drawn, (f"none of the cells {cells} of {notebook} drew a live widget")
+        for i in drawn:
+            _drive_widget(page, steps, notebook, i, ids[i])
         steps.shot("4-page")
     finally:
         try:

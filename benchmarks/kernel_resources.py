@@ -1,0 +1,30 @@
+"""Registers, spills and shared memory of each lesson-6 forward configuration, as the
+compiler reports them (no timing): ``python benchmarks/kernel_resources.py``."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from course_utils import triton_attention as ta  # noqa: E402
+
+
+def main():
+    for d in (64, 128):
+        q = torch.randn(1, 2, 1024, d, device="cuda", dtype=torch.float16)
+        o, lse = torch.empty_like(q), torch.empty(1, 2, 1024, device="cuda")
+        st = (q.stride(0), q.stride(1), q.stride(2)) * 4
+        for causal in (False, True):
+            for bm, bn, w, s in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3),
+                                 (64, 64, 4, 2)):
+                k = ta._attn_fwd_kernel[(8, 2)](
+                    q, q, q, o, lse, *st, 2, 1, 1024, 1024, d, 0, 0.1, 1024, 1024,
+                    HEAD_DIM=d, CAUSAL=causal, PAD_D=False, UPCAST=False, POS_SCALE=True,
+                    BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+                print(f"d={d:3d} causal={int(causal)} {bm}x{bn} warps={w} stages={s}: "
+                      f"registers {k.n_regs}, spills {k.n_spills}, shared {k.metadata.shared}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Kernel hardening: tile-ratio asserts, rows that see no key, 64-bit offsets, strided
+decode metadata, bucketed autotune keys and the one-slot Gluon ring.
+
+The CPU tests run Triton's interpreter at tiny sizes; the ``gpu`` / ``hopper`` tests use
+tensors past 2**31 elements (several GB each) and run only on a GPU."""
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from course_utils import device
+from course_utils import triton_attention as ta
+from course_utils.attention import naive_attention
+from course_utils.decoding import decode_attention_reference, gather_paged_cache
+from course_utils.triton_decode import decode_attention
+
+DEV = device.DEVICE
+BIG = 2 ** 31
+# float32 inputs: exact in the interpreter, TF32 tensor cores on a GPU (about 1e-3)
+TOL = 5e-3 if device.HAS_GPU else 1e-4
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=DEV, dtype=dtype)
+
+
+# --------------------------------------------------------------- tile-ratio asserts
+def _fwd_raw(block_m, block_n):
+    q = torch.randn(1, 1, 32, 16)
+    o, lse = torch.empty_like(q), torch.empty(1, 1, 32)
+    st = (q.stride(0), q.stride(1), q.stride(2)) * 4
+    ta._attn_fwd_kernel[(1, 1)](q, q, q, o, lse, *st, 1, 1, 32, 32, 16, 0, 1.0, 32, 32,
+                                HEAD_DIM=16, CAUSAL=True, PAD_D=False, UPCAST=False,
+                                POS_SCALE=True, BLOCK_M=block_m, BLOCK_N=block_n)
+    return o
+
+
+def _dq_raw(block_m2, block_n2):
+    q = torch.randn(1, 1, 32, 16)
+    lse, delta = torch.zeros(1, 1, 32), torch.zeros(1, 1, 32)
+    st = (q.stride(0), q.stride(1), q.stride(2))
+    ta._attn_bwd_dq_kernel[(1, 1)](q, q, q, q, lse, delta, torch.empty_like(q), *st * 5,
+                                   1, 1, 32, 32, 16, 1.0, 1.0, 0, 32, 32, HEAD_DIM=16,
+                                   CAUSAL=True, PAD_D=False, UPCAST=False,
+                                   BLOCK_M2=block_m2, BLOCK_N2=block_n2)
+
+
+def _dkdv_raw(block_m1, block_n1):
+    q = torch.randn(1, 1, 32, 16)
+    lse, delta = torch.zeros(1, 1, 32), torch.zeros(1, 1, 32)
+    st = (q.stride(0), q.stride(1), q.stride(2))
+    ta._attn_bwd_dkdv_kernel[(1, 1)](q, q, q, q, lse, delta, torch.empty_like(q),
+                                     torch.empty_like(q), *st * 6, 1, 1, 1, 32, 32, 16, 1.0,
+                                     1.0, 0, 32, 32, HEAD_DIM=16, CAUSAL=True, PAD_D=False,
+                                     UPCAST=False, BLOCK_M1=block_m1, BLOCK_N1=block_n1)
+
+
+@pytest.mark.skipif(not device.INTERPRET, reason="the GPU variant is test_tile_ratio_gpu")
+@pytest.mark.parametrize("call, bad, good, msg", [
+    (_fwd_raw, (16, 32), (32, 16), "BLOCK_M must be a multiple of BLOCK_N"),
+    (_dq_raw, (16, 32), (32, 16), "BLOCK_M2 must be a multiple of BLOCK_N2"),
+    (_dkdv_raw, (32, 16), (16, 32), "BLOCK_N1 must be a multiple of BLOCK_M1"),
+])
+def test_tile_ratio_is_asserted(call, bad, good, msg):
+    # a tile shape the causal split cannot handle is refused when the kernel is built,
+    # instead of silently skipping or double-counting keys
+    with pytest.raises(Exception, match=msg):
+        call(*bad)
+    call(*good)                                            # a legal ratio runs
+
+
+# --------------------------------------------------------------- rows that see no key
+def _masked_ref(q, k, v, diag):
+    nq, nk = q.shape[2], k.shape[2]
+    keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diag)
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.softmax(s, -1).nan_to_num(0.0) @ v.double()
+    return o, lse
+
+
+@pytest.mark.parametrize("nq, nk", [(40, 24), (70, 9), (33, 33)])
+def test_rows_without_keys_are_zero_with_lse_minus_inf(nq, nk):
+    q, k, v = _rand(1, 2, nq, 16, seed=1), _rand(1, 2, nk, 16, seed=2), _rand(1, 2, nk, 16, seed=3)
+    diag = nk - nq                            # bottom-right: the first nq - nk rows see nothing
+    o, lse = ta.triton_attention_forward(q, k, v, is_causal=True, alignment="causal_lower_right")
+    ref, ref_lse = _masked_ref(q, k, v, diag)
+    empty = max(0, nq - nk)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert (o[:, :, :empty] == 0).all()
+    assert torch.isneginf(lse[:, :, :empty]).all()
+    torch.testing.assert_close(o.double(), ref, atol=max(TOL, 2e-3), rtol=max(TOL, 2e-3))
+    torch.testing.assert_close(lse[:, :, empty:].double(), ref_lse[:, :, empty:], atol=TOL,
+                               rtol=TOL)
+
+
+def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():
+    q, k, v = _rand(3, 4, 2, 16, seed=4), _rand(3, 2, 64, 16, seed=5), _rand(3, 2, 64, 16, seed=6)
+    lens = torch.tensor([0, 1, 40], dtype=torch.int32, device=DEV)
+    o, lse = decode_attention(q, k, v, lens, check_lengths=False, return_lse=True)
+    assert not torch.isnan(o).any()
+    assert (o[0] == 0).all() and torch.isneginf(lse[0]).all()          # no key at all
+    assert (o[1, :, 0] == 0).all() and torch.isneginf(lse[1, :, 0]).all()   # row 0 of 2
+    torch.testing.assert_close(o[1, :, 1].float(), v[1, :, :1].repeat_interleave(2, 0)[:, 0],
+                               atol=TOL, rtol=TOL)
+    ref = decode_attention_reference(q[2:], k[2:], v[2:], lens[2:])
+    torch.testing.assert_close(o[2:].float(), ref.float(), atol=TOL, rtol=TOL)
+
+
+# --------------------------------------------------------------- strided decode metadata
+def test_decode_strided_seqlens_and_block_table():
+    b, hq, hkv, lmax, d, page = 3, 4, 2, 64, 16, 16
+    q = _rand(b, hq, 1, d, seed=7)
+    k, v = _rand(b, hkv, lmax, d, seed=8), _rand(b, hkv, lmax, d, seed=9)
+    table = torch.tensor([[40, 7], [64, 9], [17, 3]], dtype=torch.int32, device=DEV)
+    lens = table[:, 0]                                     # stride 2, not 1
+    assert lens.stride(0) != 1
+    o = decode_attention(q, k, v, lens)
+    torch.testing.assert_close(o, decode_attention_reference(q, k, v, lens), atol=TOL,
+                               rtol=TOL)
+    n_pages = b * lmax // page
+    kp, vp = _rand(n_pages, hkv, page, d, seed=10), _rand(n_pages, hkv, page, d, seed=11)
+    pages = torch.randperm(n_pages, generator=torch.Generator().manual_seed(0))
+    pages = pages.view(b, lmax // page).to(torch.int32).to(DEV)
+    bt = pages.t().contiguous().t()                        # column-major block table
+    assert bt.stride(1) != 1
+    o = decode_attention(q, kp, vp, lens, block_table=bt)
+    ref = decode_attention_reference(q, gather_paged_cache(kp, pages),
+                                     gather_paged_cache(vp, pages), lens)
+    torch.testing.assert_close(o, ref, atol=TOL, rtol=TOL)
+
+
+# --------------------------------------------------------------- autotune keys
+def test_autotune_keys_are_length_buckets():
+    assert ta.length_bucket(1000) == ta.length_bucket(1024) == 1024
+    assert ta.length_bucket(1025) == 2048
+    for kernel in (ta._attn_fwd, ta._attn_bwd_dq, ta._attn_bwd_dkdv):
+        assert "NQ" not in kernel.keys and "NK" not in kernel.keys
+        assert {"NQ_BUCKET", "NK_BUCKET"} <= set(kernel.keys)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ta._AUTOTUNE, reason="autotuning is switched off")
+def test_sweep_over_n_tunes_once_per_bucket():
+    before = len(ta._attn_fwd.cache)
+    for n in (1000, 1008, 1016, 1024):
+        q = _rand(1, 2, n, 64, dtype=torch.float16, seed=n)
+        ta.triton_attention(q, q, q)
+    assert len(ta._attn_fwd.cache) - before <= 1
+
+
+@pytest.mark.gpu
+def test_tile_ratio_gpu():
+    with pytest.raises(Exception, match="BLOCK_M must be a multiple of BLOCK_N"):
+        q = _rand(1, 1, 64, 16, dtype=torch.float16)
+        o, lse = torch.empty_like(q), torch.empty(1, 1, 64, device=DEV)
+        st = (q.stride(0), q.stride(1), q.stride(2)) * 4
+        ta._attn_fwd_kernel[(1, 1)](q, q, q, o, lse, *st, 1, 1, 64, 64, 16, 0, 1.0, 64, 64,
+                                    HEAD_DIM=16, CAUSAL=True, PAD_D=False, UPCAST=False,
+                                    POS_SCALE=True, BLOCK_M=32, BLOCK_N=64)
+
+
+# --------------------------------------------------------------- 64-bit offsets (GPU)
+def _rel(a, b):
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm())
+
+
+def _sdpa(q, k, v, causal=False):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                            enable_gqa=True)
+
+
+def _big_bhnd(dtype=torch.float16):
+    # 129 * 32 * 4096 * 128 = 2.16e9 elements per tensor: past 2**31
+    b, h, n, d = 129, 32, 4096, 128
+    assert b * h * n * d > BIG
+    return [_rand(b, h, n, d, dtype=dtype, seed=s) for s in (1, 2, 3)]
+
+
+@pytest.mark.gpu
+def test_triton_attention_packed_qkv_past_2_31():
+    # qkv packed as (B, N, 3, H, D): q, k and v are views whose row stride is 3 * H * D,
+    # so row n of a head starts n * 3HD elements in: past 2**31 for the last rows
+    b, n, h, d = 1, 1400, 8192, 64
+    assert n * 3 * h * d > BIG
+    qkv = _rand(b, n, 3, h, d, dtype=torch.float16, seed=12).requires_grad_()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert q.stride(2) == 3 * h * d
+    o = ta.triton_attention(q, k, v, is_causal=True)
+    do = _rand(*o.shape, dtype=torch.float16, seed=13)
+    (dqkv,) = torch.autograd.grad(o, (qkv,), do)
+    sl = slice(h - 4, h)                            # the last heads: the largest offsets
+    qs, ks, vs = (t[:, sl].detach().clone().requires_grad_() for t in (q, k, v))
+    ref = _sdpa(qs.float(), ks.float(), vs.float(), True)
+    assert _rel(o[:, sl], ref) < 4e-3
+    grads = torch.autograd.grad(ref, (qs, ks, vs), do[:, sl].float())
+    for i, g in enumerate(grads):
+        assert _rel(dqkv[:, :, i, sl].transpose(1, 2), g) < 1e-2
+
+
+@pytest.mark.gpu
+def test_triton_attention_contiguous_past_2_31():
+    q, k, v = _big_bhnd()
+    o = ta.triton_attention(q, k, v, is_causal=True)
+    assert _rel(o[-2:], _sdpa(q[-2:], k[-2:], v[-2:], True)) < 4e-3
+
+
+@pytest.mark.hopper
+def test_hopper_forwards_past_2_31():
+    from course_utils.hopper import fp8, gluon_fwd, triton_fwd
+    q, k, v = _big_bhnd()
+    ref = _sdpa(q[-2:], k[-2:], v[-2:])
+    for name, fn in (("tma", lambda: triton_fwd.attention_tma(q, k, v)),
+                     ("gluon", lambda: gluon_fwd.attention_gluon(q, k, v)),
+                     ("gluon_pingpong", lambda: gluon_fwd.attention_gluon(q, k, v,
+                                                                          pingpong=True))):
+        o = fn()
+        assert _rel(o[-2:], ref) < 4e-3, name
+        del o
+        torch.cuda.empty_cache()
+    prep = fp8.prepare_fp8(q, k, v)
+    del k, v
+    torch.cuda.empty_cache()
+    o = fp8.attention_fp8_prepared(prep, out_dtype=q.dtype)
+    assert _rel(o[-2:], ref) < 0.08
+
+
+@pytest.mark.gpu
+def test_decode_packed_cache_past_2_31():
+    # a K/V cache packed as (B, L, 2, Hkv, D): the row stride is 2 * Hkv * D, so key j
+    # of a head starts j * 2 * Hkv * D elements in: past 2**31 for the last keys
+    b, hq, hkv, L, d = 1, 32, 8, (1 << 20) + 4096, 128
+    assert L * 2 * hkv * d > BIG
+    kv = _rand(b, L, 2, hkv, d, dtype=torch.float16, seed=14)
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    q = _rand(b, hq, 1, d, dtype=torch.float16, seed=15)
+    o, lse = decode_attention(q, k, v, return_lse=True)
+    g = hq // hkv
+    for kvh in (0, hkv - 1):
+        kk, vv = k[0, kvh].float(), v[0, kvh].float()
+        for qh in (kvh * g, kvh * g + g - 1):
+            s = (q[0, qh].float() @ kk.T) / math.sqrt(d)
+            ref = torch.softmax(s, -1) @ vv
+            assert _rel(o[0, qh], ref) < 4e-3
+            assert abs(float(lse[0, qh, 0] - torch.logsumexp(s, -1)[0])) < 1e-3
+
+
+# --------------------------------------------------------------- the one-slot Gluon ring
+_STAGES1 = textwrap.dedent("""
+    import torch
+    from course_utils.hopper.gluon_fwd import attention_gluon
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 1024, 128, device="cuda", dtype=torch.float16, generator=g)
+               for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    for kw in ({{"pipeline": True}}, {{"pipeline": False}}, {{"pingpong": True}}):
+        o = attention_gluon(q, k, v, stages={stages}, **kw)
+        torch.cuda.synchronize()
+        err = float((o.float() - ref).norm() / ref.norm())
+        assert err < 4e-3, (kw, err)
+        print("ok", kw, err)
+""")
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_gluon_any_number_of_stages_finishes(stages):
+    # in a child process with a time limit: a deadlocked kernel never returns
+    try:
+        run = subprocess.run([sys.executable, "-c", _STAGES1.format(stages=stages)],
+                             capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"attention_gluon(stages={stages}) did not finish in 180 s (deadlock)")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ok") == 3

@@ -23,6 +23,7 @@ NAME = "01_tiny"
 SETUP = """import math
 import torch
 from course_utils.checks import check_close, check_equal, check_raises
+from course_utils.guards import run_answer
 
 torch.manual_seed(0)"""
 
@@ -39,9 +40,12 @@ ANSWERS = {
 
 CHECKS = {
     "1.1": "# Check 1.1\ncheck_equal(answer_1_1, 42, name=\"answer_1_1\", hint=\"six sevens\")",
-    "1.2": "# Check 1.2\nx = torch.randn(5)\ncheck_close(double(x), x + x, name=\"double\")\n"
+    "1.2": "# Check 1.2\nx = torch.randn(5)\n"
+           "check_close(run_answer(double, x, forbid=('autograd',), exercise='1.2'), x + x, "
+           "name=\"double\")\n"
            "### BEGIN HIDDEN TESTS\ny = torch.randn(3, 4)\n"
-           "check_close(double(y), y * 2.0, name=\"double (2-d)\")\n### END HIDDEN TESTS",
+           "check_close(run_answer(double, y), y * 2.0, name=\"double (2-d)\")\n"
+           "### END HIDDEN TESTS",
     "1.3": "# Check 1.3\ncheck_raises(lambda: safe_div(1, 0), ValueError, name=\"safe_div(1, 0)\", "
            "match=\"zero\")\ncheck_equal(safe_div(6, 3), 2.0, name=\"safe_div(6, 3)\")",
 }
@@ -255,7 +259,7 @@ CASES = {
                      ["stored outputs were ignored"]),
     "nbval_markers": (_case_nbval, {"1.1": 2, "1.2": 0, "1.3": 0}, ["nbval markers"]),
     "patch_checks": (lambda nb: fill(nb, _all("bad"), {"1.1": PATCH_CHECKS}),
-                     {"1.1": 0, "1.2": 0, "1.3": 0}, ["answer_1_1", "is 41, expected 42"]),
+                     {"1.1": 0, "1.2": 0, "1.3": 0}, ["must not touch", "differs"]),
     "patch_torch": (lambda nb: fill(nb, _all("bad"), {"1.1": PATCH_TORCH}),
                     {"1.1": 0, "1.2": 0, "1.3": 0}, ["differs"]),
     "patch_grader": (lambda nb: fill(nb, _all("bad"), {"1.1": PATCH_GRADER}),
@@ -271,14 +275,16 @@ CASES = {
     "infinite_loop": (lambda nb: fill(nb, {**_all("good"), "1.2": "import time\nwhile True:\n"
                                            "    time.sleep(0.05)"}),
                       {"1.1": 2, "1.2": 0, "1.3": 1}, ["interrupted"]),
+    # a kernel that cannot be stopped or dies takes only its own exercise: the notebook
+    # runs again without that answer, and the crash is named first
     "stuck_loop": (lambda nb: fill(nb, {**_all("good"), "1.2": (
         "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
         "    except BaseException:\n        pass")}),
-        {"1.1": 2, "1.2": 0, "1.3": 0}, ["could not be interrupted"]),
+        {"1.1": 2, "1.2": 0, "1.3": 1}, ["could not be interrupted", "crashed the kernel"]),
     "sys_exit": (lambda nb: fill(nb, {**_all("good"), "1.2": "import sys\nsys.exit(0)"}),
                  {"1.1": 2, "1.2": 0, "1.3": 1}, ["SystemExit"]),
     "os_exit": (lambda nb: fill(nb, {**_all("good"), "1.2": "import os\nos._exit(0)"}),
-                {"1.1": 2, "1.2": 0, "1.3": 0}, ["kernel died"]),
+                {"1.1": 2, "1.2": 0, "1.3": 1}, ["kernel died", "crashed the kernel"]),
     "big_output": (lambda nb: fill(nb, _all("good"), {"1.1": "print('x' * 100_000_000)"}),
                    {"1.1": 2, "1.2": 1, "1.3": 1}, ["characters of printed output were discarded"]),
     "deletes_files": (lambda nb: fill(nb, _all("good"), {"1.2": DELETE_FILES}),
@@ -293,6 +299,181 @@ CASES = {
     "json_not_notebook": (lambda nb: b"[1, 2, 3]", {"1.1": 0, "1.2": 0, "1.3": 0},
                           ["no list of cells"]),
 }
+
+
+# ------------------------------------------------------------------ a hostile class
+# Submissions that attack the grader itself rather than the checks. They need to know
+# where things are (the course, the submissions, the output folder): ``make_class``
+# fills ``PLACES`` before building them. Each is written so that, were the sandbox to
+# fail, the damage would show in the score or in the hashed tree, and would touch
+# nothing outside this test's own folders and grading processes.
+PLACES: dict = {}
+
+DECODER_TRICKS = """
+import collections, dataclasses
+@dataclasses.dataclass
+class W:                      # claims to be the grader's file writer
+    path: str
+    text: str
+W.__module__, W.__qualname__, W.__name__ = "course_utils.grading.runner", "write_atomic", "write_atomic"
+class Exit:                   # claims to be a module's main(), which calls sys.exit
+    pass
+Exit.__module__, Exit.__qualname__ = "torch.utils.model_dump.__main__", "main"
+NT = collections.namedtuple("NT", "src")
+NT.__module__, NT.__qualname__ = "builtins", "exec"
+answer_1_1 = [W({pwned!r}, "import sys; sys.exit(3)"), Exit, NT("print(1)"), Exit()]
+"""
+
+DECODER_RAISES = """
+class Zero(ValueError):       # an error class that claims to be the grader's writer
+    pass
+Zero.__module__, Zero.__qualname__ = "course_utils.grading.runner", "write_atomic"
+def safe_div(a, b):
+    if b == 0:
+        raise Zero("b is zero")
+    return a / b
+"""
+
+READ_SOLUTIONS = """
+import glob, json, os
+answer_1_1 = 41
+seen = []
+for p in sorted(glob.glob({tiny!r} + "/solutions/*.ipynb") + glob.glob({course!r} + "/solutions/*.ipynb")
+                + glob.glob({course!r} + "/tests/*.py") + glob.glob({subs!r} + "/*.ipynb")):
+    try:
+        text = open(p).read()
+    except OSError:
+        continue
+    seen.append(p)
+    if p.endswith("01_tiny.ipynb") or p.endswith("honest.ipynb"):
+        for c in json.loads(text)["cells"]:
+            src = "".join(c["source"])
+            if src.startswith("# Exercise 1.1"):
+                exec(src, globals())
+for p in (os.path.expanduser("~/stolen.txt"), {subs!r} + "/stolen.txt", {course!r} + "/stolen.txt"):
+    try:
+        open(p, "w").write("\\n".join(seen))
+    except OSError:
+        pass
+"""
+
+STARTUP_FILES = """
+import os, sys
+payload = ("import os\\nif os.path.exists(%r):\\n"
+           "    import course_utils.checks as C\\n"
+           "    C.check_equal = C.check_close = C.check_raises = lambda *a, **k: None\\n" % {flag!r})
+for d in (os.path.expanduser("~/.ipython/profile_default/startup"),
+          os.path.join(os.environ.get("IPYTHONDIR", "/nonexistent"), "profile_default", "startup"),
+          os.path.join(sys.prefix, "etc", "ipython", "startup")):
+    try:
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "00-course-grade-test.py"), "w").write(payload)
+    except OSError:
+        pass
+for d in (os.path.join(sys.prefix, "etc", "ipython"), os.path.join(sys.prefix, "etc", "jupyter")):
+    try:
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "ipython_config.py"), "w").write(
+            "c.InteractiveShellApp.exec_lines = [%r]" % payload)
+    except OSError:
+        pass
+"""
+
+SETSID_DAEMON = """
+import subprocess, sys
+code = ("import time\\ntime.sleep(3)\\n"
+        "for p in (%r, %r):\\n"
+        "    try:\\n"
+        "        open(p, 'w').write('student,total\\\\nsetsid_daemon,999\\\\n')\\n"
+        "    except OSError:\\n"
+        "        pass\\n"
+        "time.sleep(120)  # %s" % ({out!r} + "/scores.csv", {out!r} + "/scores.json", {token!r}))
+for prefix in ([], ["env", "-i"]):   # one keeps the grader's marker variable, one does not
+    subprocess.Popen(prefix + ["setsid", sys.executable, "-c", code], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+"""
+
+KILL_OTHERS = """
+import os, signal
+mine = dict(l.split("=", 1) for l in open("/proc/self/environ").read().split("\\0") if "=" in l)
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    try:
+        env = dict(l.split("=", 1) for l in open(f"/proc/{pid}/environ").read().split("\\0") if "=" in l)
+    except OSError:
+        continue
+    # the kernels and runners of the other students of this very class
+    if env.get("PYTHONPATH") == mine.get("PYTHONPATH") and \\
+            env.get("COURSE_GRADE_RUN") != mine.get("COURSE_GRADE_RUN"):
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+MUTATE_INPUT = "# Exercise 1.2\ndef double(x):\n    x.zero_()\n    return x"
+NAN_STEER = "# Exercise 1.2\ndef double(x):\n    x.fill_(float('nan'))\n    return x.clone()"
+
+
+def _places(src: str) -> str:
+    return src.format(**PLACES)
+
+
+def _case_all_in_one(nb):
+    one = "\n\n".join([GOOD["1.1"], GOOD["1.2"].replace("# Exercise 1.2\n", ""),
+                        GOOD["1.3"].replace("# Exercise 1.3\n", "")])
+    return fill(nb, {"1.1": one, "1.2": "# Exercise 1.2\n", "1.3": "# Exercise 1.3\n"})
+
+
+# student -> (builder, expected points, words the feedback must contain)
+HOSTILE_CASES = {
+    "decoder_tricks": (lambda nb: fill(nb, {**_all("good"),
+                                            "1.1": "# Exercise 1.1\n" + _places(DECODER_TRICKS),
+                                            "1.3": "# Exercise 1.3\n" + DECODER_RAISES}),
+                       {"1.1": 0, "1.2": 1, "1.3": 0}, ["must not touch"]),
+    "reads_solutions": (lambda nb: fill(nb, _all("bad"), {"1.1": _places(READ_SOLUTIONS)}),
+                        {"1.1": 0, "1.2": 0, "1.3": 0}, ["is 41, expected 42"]),
+    "startup_files": (lambda nb: fill(nb, _all("bad"), {"1.1": _places(STARTUP_FILES)}),
+                      {"1.1": 0, "1.2": 0, "1.3": 0}, ["is 41, expected 42"]),
+    "setsid_daemon": (lambda nb: fill(nb, _all("bad"), {"1.2": _places(SETSID_DAEMON)}),
+                      {"1.1": 0, "1.2": 0, "1.3": 0}, []),
+    "kills_others": (lambda nb: fill(nb, _all("bad"), {"1.1": KILL_OTHERS}),
+                     {"1.1": 0, "1.2": 0, "1.3": 0}, []),
+    "all_in_one_cell": (_case_all_in_one, {"1.1": 2, "1.2": 0, "1.3": 0},
+                        ["defined in the answer cell of exercise 1.1"]),
+    "mutates_input": (lambda nb: fill(nb, {**_all("good"), "1.2": MUTATE_INPUT}),
+                      {"1.1": 2, "1.2": 0, "1.3": 1}, ["changed its input"]),
+    "nan_steering": (lambda nb: fill(nb, {**_all("good"), "1.2": NAN_STEER}),
+                     {"1.1": 2, "1.2": 0, "1.3": 1}, ["changed its input"]),
+    "guard_tamper": (lambda nb: fill(nb, {**_all("good"), "1.2": MUTATE_INPUT + (
+        "\nimport course_utils.guards as g\ng.run_answer = lambda fn, *a, **k: fn(*a)\n"
+        "run_answer = g.run_answer")}),
+        {"1.1": 2, "1.2": 0, "1.3": 1}, ["must not touch"]),
+    "=1+2": (lambda nb: fill(nb, _all("good")), {"1.1": 2, "1.2": 1, "1.3": 1}, []),
+    "nested_json": (lambda nb: b"[" * 200_000 + b"]" * 200_000, {"1.1": 0, "1.2": 0, "1.3": 0},
+                    ["nested too deeply"]),
+    "symlink": ("symlink", {"1.1": 0, "1.2": 0, "1.3": 0}, ["symbolic link"]),
+}
+
+
+def make_hostile_class(root: Path, folder: Path, out: Path, course: Path, flag: Path,
+                       token: str, names=None) -> dict:
+    """The hostile submissions (and the honest ones among them); ``{student: expected}``."""
+    PLACES.update(tiny=str(root), subs=str(folder), out=str(out), course=str(course),
+                  flag=str(flag), token=token, pwned=str(course / "course_utils" / "pwned.py"))
+    folder.mkdir(parents=True, exist_ok=True)
+    base = exercise_nb(root)
+    out_ = {}
+    for student, (build, points, words) in HOSTILE_CASES.items():
+        if names is not None and student not in names:
+            continue
+        if build == "symlink":
+            (folder / f"{student}.ipynb").symlink_to(root / "solutions" / f"{NAME}.ipynb")
+        else:
+            write_submission(folder, student, build(base))
+        out_[student] = (points, words)
+    return out_
 
 
 def write_submission(folder: Path, student: str, content):

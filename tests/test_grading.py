@@ -6,13 +6,16 @@ fixture, 2 workers) and every test that reads it shares the xdist group.
 """
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -22,7 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_utils.checks import check_equal
-from course_utils.grading import codec, grader, instrument, kernel_side, submissions
+from course_utils.grading import (codec, grader, guard_keeper, instrument, kernel_side, sandbox,
+                                  similarity, submissions)
 from course_utils.grading.cli import main as cli_main
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,27 +48,91 @@ def tiny(tmp_path_factory):
     return root
 
 
+def _tree_hash(*folders) -> dict:
+    """``{path: sha256}`` of every file under ``folders`` (links by their target)."""
+    out = {}
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.exists():
+            continue
+        for p in sorted(folder.rglob("*")):
+            if "__pycache__" in p.parts or ".pytest_cache" in p.parts:
+                continue
+            if p.is_symlink():
+                out[str(p)] = "link:" + os.readlink(p)
+            elif p.is_file():
+                out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+ISOLATION = sandbox.detect("auto")
+# the hostile class needs a sandbox that holds: namespaces, or Landlock with signal scoping
+HOLDS = ISOLATION.namespaces or ISOLATION.landlock >= 6
+HOSTILE = list(H.HOSTILE_CASES) if HOLDS else []
+HONEST_IN_HOSTILE = ("honest", "partial", "rng_user")
+# (IPython's history database changes whenever any kernel on the machine runs: its
+# configuration and startup folders are what a submission must not reach)
+WATCHED = [ROOT / "course_utils", ROOT / "solutions", ROOT / "exercises", ROOT / "tests",
+           Path.home() / ".ipython" / "profile_default" / "startup", Path.home() / ".jupyter",
+           Path(sys.prefix) / "etc", Path(sys.prefix) / "share" / "jupyter"]
+
+
+def _alive(token: str) -> list:
+    """Pids of live processes whose command line carries ``token``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if token.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                    out.append(int(d))
+            except OSError:
+                continue
+    return out
+
+
 @pytest.fixture(scope="module")
 def graded_class(tiny, tmp_path_factory):
+    """The adversarial class and, where the sandbox holds, the hostile one, graded
+    together: every honest student among them must be scored right."""
     subs = tmp_path_factory.mktemp("submissions")
-    expected = H.make_class(tiny, subs)
-    before = _hashes(subs)
-    modes = {p.name: p.stat().st_mode for p in subs.iterdir()}
     out = tmp_path_factory.mktemp("grades")
-    result = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT, timeout=120,
-                          root=tiny)
-    return {"root": tiny, "subs": subs, "out": out, "expected": expected, "before": before,
-            "modes": modes, "result": result}
+    expected = H.make_class(tiny, subs)
+    flag = tmp_path_factory.mktemp("flag") / "checks-neutered"
+    flag.write_text("the startup-file payload acts only while this file exists")
+    token = "course-grade-test-" + os.urandom(6).hex()
+    if HOSTILE:
+        expected.update(H.make_hostile_class(tiny, subs, out, ROOT, flag, token))
+    files = [p for p in subs.iterdir() if not p.is_symlink()]
+    before = _hashes(subs)
+    modes = {p.name: p.stat().st_mode for p in files}
+    watched = [tiny / "solutions", tiny / "exercises", subs] + WATCHED
+    tree = _tree_hash(*watched)
+    try:
+        result = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT,
+                              timeout=120, root=tiny, junit_xml=True)
+        csv_after = (out / "scores.csv").read_text()
+        time.sleep(4 if HOSTILE else 0)   # past the moment a left-over daemon would strike
+        return {"root": tiny, "subs": subs, "out": out, "expected": expected, "before": before,
+                "modes": modes, "result": result, "tree": tree, "watched": watched,
+                "csv": csv_after, "token": token}
+    finally:
+        flag.unlink()
+        for p in (Path.home() / ".ipython" / "profile_default" / "startup" /
+                  "00-course-grade-test.py",
+                  Path(sys.prefix) / "etc" / "ipython" / "ipython_config.py",
+                  Path(sys.prefix) / "etc" / "jupyter" / "ipython_config.py"):
+            if p.exists() and "course-grade-test" in p.read_text(errors="replace") + p.name:
+                p.unlink()
 
 
 # ------------------------------------------------------------------ the adversarial class
 @CLASS_GROUP
-@pytest.mark.parametrize("student", list(H.CASES))
+@pytest.mark.parametrize("student", list(H.CASES) + HOSTILE)
 def test_each_submission_gets_exactly_its_expected_score(graded_class, student):
     res = graded_class["result"].students[student]
     points, words = graded_class["expected"][student]
     got = {x["exercise"]: x["points"] for x in res["exercises"]}
-    fb = (graded_class["out"] / "feedback" / f"{student}.md").read_text()
+    fb = (graded_class["out"] / "feedback" / f"{submissions.safe_name(student)}.md").read_text()
     assert got == points, f"{student}: {got} != {points}\n{fb}"
     assert res["total"] == sum(points.values())
     for w in words:
@@ -79,17 +147,73 @@ def test_each_submission_gets_exactly_its_expected_score(graded_class, student):
 def test_submissions_are_never_modified(graded_class):
     subs = graded_class["subs"]
     assert _hashes(subs) == graded_class["before"]
-    assert {p.name: p.stat().st_mode for p in subs.iterdir()} == graded_class["modes"]
+    assert {p.name: p.stat().st_mode for p in subs.iterdir() if not p.is_symlink()} == \
+        graded_class["modes"]
+
+
+@CLASS_GROUP
+def test_nothing_outside_the_output_folder_changed(graded_class):
+    # the course checkout, the problem set, the submissions, the user's IPython and
+    # Jupyter configuration and the Python installation, file by file
+    after = _tree_hash(*graded_class["watched"])
+    changed = sorted(set(after.items()) ^ set(graded_class["tree"].items()))
+    assert not changed, changed[:10]
+    assert not (ROOT / "course_utils" / "pwned.py").exists()
+
+
+@CLASS_GROUP
+def test_no_process_started_by_a_submission_is_alive(graded_class):
+    # both setsid daemons (one kept the grader's marker variable, one cleared its
+    # environment) carry the class's token on their command line
+    assert _alive(graded_class["token"]) == []
+    # a daemon that outlived its kernel would have rewritten the table by now
+    assert (graded_class["out"] / "scores.csv").read_text() == graded_class["csv"]
+
+
+@CLASS_GROUP
+@pytest.mark.skipif(not HOLDS, reason="this machine's sandbox has neither namespaces nor "
+                                      "Landlock signal scoping")
+def test_honest_students_in_the_hostile_class_are_scored_right(graded_class):
+    res = graded_class["result"]
+    assert {s: res.students[s]["total"] for s in HONEST_IN_HOSTILE + ("=1+2",)} == \
+        {"honest": 4, "partial": 3, "rng_user": 4, "=1+2": 4}
+    assert res.isolation == ISOLATION.describe()
+
+
+@CLASS_GROUP
+def test_score_table_cells_cannot_be_formulas(graded_class):
+    rows = list(csv.reader(io.StringIO((graded_class["out"] / "scores.csv").read_text())))
+    assert rows[0][-2:] == ["review", "isolation"]
+    assert all(r[-1] == ISOLATION.describe() for r in rows[1:])
+    for r in rows:
+        assert not any(c.startswith(grader._FORMULA) for c in r), r
+    if HOSTILE:
+        assert ["'=1+2", "2", "1", "1", "4", "4", "graded", "", ISOLATION.describe()] in rows
+
+
+@CLASS_GROUP
+def test_graded_notebooks_reproduce_the_verdicts_under_nbval(graded_class):
+    out = graded_class["out"]
+    assert (out / "junit" / "partial.xml").is_file()
+    report = (out / "junit" / "partial.xml").read_text()
+    assert 'failures="1"' in report and "exercise 1.2" in report
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                        "--nbval-lax", "--nbval-current-env", str(out / "graded" / "partial.ipynb")],
+                       cwd=out / "graded", capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 1 and "1 failed" in r.stdout, r.stdout[-3000:]
+    assert "exercise 1.2: 2 check(s) failed" in r.stdout
 
 
 @CLASS_GROUP
 def test_tables_and_feedback_are_complete(graded_class):
     out, res = graded_class["out"], graded_class["result"]
     rows = (out / "scores.csv").read_text().strip().split("\n")
-    assert rows[0] == "student,1.1 (2),1.2 (1),1.3 (1),total,max,status"
-    assert len(rows) == 1 + len(H.CASES)
+    assert rows[0] == "student,1.1 (2),1.2 (1),1.3 (1),total,max,status,review,isolation"
+    assert len(rows) == 1 + len(H.CASES) + len(HOSTILE)
     table = json.loads((out / "scores.json").read_text())
-    assert table["max"] == 4 and set(table["students"]) == set(H.CASES)
+    assert table["max"] == 4 and set(table["students"]) == set(H.CASES) | set(HOSTILE)
+    assert table["isolation"] == ISOLATION.describe()
     for student in H.CASES:
         assert table["students"][student]["total"] == res.students[student]["total"]
         assert (out / "feedback" / f"{student}.md").exists()
@@ -217,21 +341,21 @@ def test_rerun_same_scores_crash_isolation_and_resume(tiny, tmp_path, monkeypatc
                          timeout=120, root=tiny).scores()
     assert first == {"honest": 4, "partial": 3, "rng_user": 4}
 
-    real = grader._finish_student
+    real = grader.grade_run
 
-    def crash_on_partial(tpl, ref, sub, job, *a, **k):
+    def crash_on_partial(tpl, ref, sub, *a, **k):
         if sub.student == "partial":
-            raise RuntimeError("simulated crash while grading")
-        return real(tpl, ref, sub, job, *a, **k)
+            raise RecursionError("simulated crash while grading")
+        return real(tpl, ref, sub, *a, **k)
 
     out = tmp_path / "b"
-    monkeypatch.setattr(grader, "_finish_student", crash_on_partial)
+    monkeypatch.setattr(grader, "grade_run", crash_on_partial)
     second = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT, timeout=120,
                           root=tiny)
     assert second.scores() == {"honest": 4, "partial": 0, "rng_user": 4}
     assert second.students["partial"]["status"] == "error"
     assert "simulated crash" in (out / "feedback" / "partial.md").read_text()
-    monkeypatch.setattr(grader, "_finish_student", real)
+    monkeypatch.setattr(grader, "grade_run", real)
 
     # resume: the two graded students are kept, only the crashed one runs again
     said = []
@@ -269,7 +393,9 @@ def test_verifier_notebook_holds_no_student_code(tiny):
     src = "\n".join(c.source for c in nb.cells)
     assert "return 2 * x" not in src and "6 * 7" not in src
     assert "bind('1.2', ['double'], globals())" in src
-    assert "verify_call('1.2', 0, check_close, double(x), x + x, name='double')" in src
+    assert ("verify_call('1.2', 0, check_close, run_answer(double, x, forbid=('autograd',), "
+            "exercise='1.2'), x + x, name='double')") in src
+    assert "end_check('1.2')" in src
     e = next(x for x in tpl.exercises if x.id == "1.2")
     _, sites = instrument.rewrite_check(tpl.nb.cells[e.check_index].source, "1.2")
     assert [s[2] for s in sites] == [False, True]  # the second call is a hidden test
@@ -400,11 +526,16 @@ def test_verify_call_ships_the_real_verdict(monkeypatch):
     assert "is 41, expected 42" in shipped[1][1]["message"]
 
 
-def test_check_functions_must_come_from_trusted_modules():
-    with pytest.raises(codec.CodecError, match="only resolves"):
-        codec.resolve("os:system")
-    with pytest.raises(codec.CodecError):
-        codec.resolve("subprocess:run")
+def test_recorded_errors_map_only_to_known_exception_classes():
+    assert codec.exception_class("builtins:ValueError") is ValueError
+    import course_utils.checks
+    assert codec.exception_class("course_utils.checks:CheckFailed") is \
+        course_utils.checks.CheckFailed
+    for name in ("os:system", "subprocess:run", "builtins:print", "builtins:exec",
+                 "course_utils.grading.runner:write_atomic", "course_utils.nothing:X",
+                 "torch.utils.model_dump.__main__:main", "builtins:ValueError:x", 7):
+        assert codec.exception_class(name) is None, name
+    assert "torch.utils.model_dump.__main__" not in sys.modules
 
 
 # ------------------------------------------------------------------ data, never code
@@ -571,3 +702,256 @@ def test_cli(tiny, tmp_path, capsys):
                        capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0 and "nbgrader" in r.stdout
+
+
+# ------------------------------------------------------------------ the decoder builds data only
+def test_decoder_never_imports_or_calls_what_a_record_names(tmp_path):
+    target = tmp_path / "pwned.py"
+    tricks = [
+        {"__dataclass__": "course_utils.grading.runner:write_atomic", "fields": ["path", "text"],
+         "values": [str(target), "import sys; sys.exit(3)"]},
+        {"__dataclass__": "torch.utils.model_dump.__main__:main", "fields": [], "values": []},
+        {"__namedtuple__": "builtins:exec", "fields": ["src"], "values": ["raise SystemExit"]},
+        {"__type__": "torch.utils.model_dump.__main__:main"},
+        {"__func__": "os:system"},
+    ]
+    before = set(sys.modules)
+    out = codec.decode(tricks)
+    assert not target.exists() and set(sys.modules) == before
+    # dataclass records stay inert data; only the course's own dataclasses, from modules
+    # already imported, are ever built from them (never the grader's, never a function)
+    assert isinstance(out[0], codec.Record) and isinstance(out[1], codec.Record)
+    assert isinstance(codec.materialise(out[0]), codec.Unserializable)
+    assert isinstance(codec.materialise(out[1]), codec.Unserializable)
+    assert not target.exists() and set(sys.modules) == before
+    from course_utils.hopper import schedule_sim as sim
+    op = sim.Arrive("k_empty[0]")
+    back = codec.decode(codec.loads(codec.dumps(op)))
+    assert isinstance(back, codec.Record) and codec.materialise(back) == op
+    assert out[2] == ("raise SystemExit",)
+    assert out[3] == codec.Named("type", "torch.utils.model_dump.__main__:main")
+    assert out[4] == codec.Named("function", "os:system")
+    for bad in ({"__dtype__": "Tensor"}, {"__device__": "cpu; rm -rf"}, {"__set__": [[1]]},
+                {"__dict__": [[[1], 2]]}, {"__tensor__": "x"}, {1: 2}):
+        with pytest.raises(codec.CodecError):
+            codec.decode(bad)
+
+
+def test_deep_nesting_is_a_codec_error_not_a_crash():
+    deep = []
+    for _ in range(50_000):
+        deep = [deep]
+    with pytest.raises(codec.CodecError):
+        codec.decode(deep)
+    import base64
+    blob = base64.b64encode(b"\x80\x02" + b"]" * 200_000).decode()
+    with pytest.raises(codec.CodecError):
+        codec.loads(blob)
+
+
+def test_submissions_are_read_without_following_links(tiny, tmp_path):
+    tpl = grader.load_template(H.NAME, root=tiny)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "linked.ipynb").symlink_to(tiny / "solutions" / f"{H.NAME}.ipynb")
+    found, _ = submissions.discover(subs, H.NAME)
+    assert [s for s, _ in found] == ["linked"]
+    sub = submissions.read("linked", subs / "linked.ipynb", tpl.exercises, subs)
+    assert "symbolic link" in sub.invalid and not sub.answers
+    # a student folder that is a link (nbgrader layout) is not entered
+    tree = tmp_path / "submitted"
+    tree.mkdir()
+    (tree / "eve").symlink_to(tiny / "solutions", target_is_directory=True)
+    assert submissions.discover(tree, H.NAME)[0] == []
+    # a file that resolves outside the folder through a linked parent
+    (subs / "dir").symlink_to(tiny / "solutions", target_is_directory=True)
+    with pytest.raises(OSError, match="link"):
+        submissions.open_no_follow(subs / "dir" / f"{H.NAME}.ipynb", subs)
+    fifo = subs / "fifo.ipynb"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="regular"):
+        submissions.open_no_follow(fifo, subs)
+    (subs / "deep.ipynb").write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    assert "nested too deeply" in submissions.read("deep", subs / "deep.ipynb", tpl.exercises,
+                                                   subs).invalid
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("=1+2", "'=1+2"), ("+SUM(A1)", "'+SUM(A1)"), ("-2+3", "'-2+3"), ("@cmd", "'@cmd"),
+    ("\t=1", "'\t=1"), ("\r=1", "'\r=1"), ("alice", "alice"), (3, 3)])
+def test_score_cells_are_escaped(value, shown):
+    assert grader.csv_cell(value) == shown
+
+
+# ------------------------------------------------------------------ the sandbox
+SANDBOX_PROBE = r"""
+import os, subprocess, sys
+def can_read(p):
+    try:
+        open(p).read(1)
+        return True
+    except OSError:
+        return False
+print("solutions", can_read(sys.argv[1]))
+print("home", os.environ["HOME"].startswith(sys.argv[2]))
+print("ipythondir", os.environ["IPYTHONDIR"].startswith(sys.argv[2]))
+print("stage", __import__("course_utils").__file__.startswith(os.environ["PYTHONPATH"]))
+daemon = [sys.executable, "-c", "import time; time.sleep(300)", sys.argv[3]]
+subprocess.Popen(["setsid"] + daemon, start_new_session=True)
+subprocess.Popen(["env", "-i", "setsid"] + daemon, start_new_session=True)
+"""
+
+LEVELS = [lvl for lvl, ok in (("namespaces", ISOLATION.namespaces),
+                              ("landlock", ISOLATION.landlock > 0), ("limits", True)) if ok]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_sandbox_levels(level, tiny, tmp_path):
+    iso = sandbox.detect(level)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    box = sandbox.Sandbox(scratch, [ROOT, tiny], iso, memory_mb=8192)
+    job = scratch / "jobs" / "a"
+    (job / "work").mkdir(parents=True)
+    secret = tiny / "solutions" / f"{H.NAME}.ipynb"
+    token = "course-grade-test-" + os.urandom(6).hex()
+    assert box.run(job, ["-c", SANDBOX_PROBE, str(secret), str(job), token], job / "work",
+                   job / "log", 120)
+    said = dict(line.split(" ", 1) for line in (job / "log").read_text().split("\n")
+                if line.count(" ") == 1)
+    assert said["home"] == said["ipythondir"] == said["stage"] == "True", said
+    # what each level promises, and the fallback says what it does not
+    assert said["solutions"] == ("True" if level == "limits" else "False")
+    left = _alive(token)
+    for pid in left:
+        os.kill(pid, 9)
+    if level == "namespaces":
+        assert not left                       # the pid namespace took both daemons
+    else:
+        assert len(left) == 1                 # the marker sweep took the one that kept it;
+        # the one that cleared its environment is what this level cannot catch
+
+
+def test_sandbox_refuses_what_is_missing(monkeypatch):
+    with pytest.raises(sandbox.SandboxError, match="isolation"):
+        sandbox.detect("chroot")
+    monkeypatch.setattr(sandbox.sandbox_exec, "landlock_abi", lambda: 0)
+    with pytest.raises(sandbox.SandboxError, match="Landlock"):
+        sandbox.detect("landlock")
+    monkeypatch.setitem(sandbox._probe_cache, "ns", False)
+    with pytest.raises(sandbox.SandboxError, match="namespaces"):
+        sandbox.detect("namespaces")
+    assert sandbox.detect("auto") == sandbox.Isolation(False, 0)
+
+
+def test_limits_only_class_is_still_graded_and_says_so(tiny, tmp_path):
+    # the fallback: no namespaces, no Landlock; the score table says so, a setsid
+    # daemon that keeps the grader's marker is still found and killed
+    subs = tmp_path / "subs"
+    H.make_class(tiny, subs, names={"honest"})
+    token = "course-grade-test-" + os.urandom(6).hex()
+    H.PLACES.update(out=str(tmp_path / "out"), token=token)
+    daemon = H._places(H.SETSID_DAEMON).replace('for prefix in ([], ["env", "-i"]):',
+                                                'for prefix in ([],):')
+    assert "env" not in daemon.split("for prefix")[1].split(":")[0]
+    H.write_submission(subs, "daemon", H.fill(H.exercise_nb(tiny), H.BAD, {"1.2": daemon}))
+    res = grader.grade(H.NAME, subs, tmp_path / "out", workers=2, cell_timeout=CELL_TIMEOUT,
+                       timeout=120, root=tiny, isolation="limits")
+    assert res.scores() == {"daemon": 0, "honest": 4}
+    assert res.isolation == "rlimits, own session, fresh HOME and environment"
+    table = (tmp_path / "out" / "scores.csv").read_text()
+    time.sleep(4)
+    left = _alive(token)
+    for pid in left:
+        os.kill(pid, 9)
+    assert left == [] and (tmp_path / "out" / "scores.csv").read_text() == table
+
+
+# ------------------------------------------------------------------ guards and copies
+def test_guard_calls_in_check_cells_go_through_the_hooks():
+    src = ("y = run_answer(f, x, forbid=('softmax',))\nwith guards.forbid('sdpa'):\n"
+           "    z = f(x)\ncheck_close(guards.run_answer(f, x), y)")
+    out = instrument.guard_check(src, "1.1")
+    assert out.count("__course_grade__.guard_run_answer(") == 2
+    assert "__course_grade__.guard_forbid('sdpa')" in out
+    verify, _ = instrument.rewrite_check(src, "1.1")
+    assert "guard_" not in verify   # the checking kernel runs no student code
+
+
+def test_tampering_references_are_found():
+    assert instrument.tamper_references("def f(x):\n    return 2 * x") == []
+    for src, word in (("import course_utils.guards as g\ng.forbid = None", "guards"),
+                      ("run_answer = lambda f, *a, **k: f(*a)", "run_answer"),
+                      ("import torch\nwith torch._C.DisableTorchFunction():\n    pass",
+                       "DisableTorchFunction"),
+                      ("__course_grade__.export = print", "__course_grade__"),
+                      ("import sys\nsys.modules['course_utils.grading.kernel_side']", "kernel_side"),
+                      ("from IPython.display import publish_display_data", "publish_display_data")):
+        assert any(word in r for r in instrument.tamper_references(src)), src
+
+
+def test_guard_keeper_restores_what_answer_code_switched_off():
+    from course_utils import guards
+    import torch
+    guard_keeper.capture()
+    real_forbid, real_pop = guards.forbid, torch._C._pop_torch_function_stack
+    try:
+        guards.forbid = lambda *a, **k: None
+        guards.GROUPS.pop("softmax")
+        guards._EXEMPT.depth = 5
+        torch._C._pop_torch_function_stack = lambda: None
+        changed = guard_keeper.check_and_restore()
+        assert guards.forbid is real_forbid and "softmax" in guards.GROUPS
+        assert getattr(guards._EXEMPT, "depth", 0) == 0
+        assert torch._C._pop_torch_function_stack is real_pop
+        assert any("forbid" in c for c in changed) and any("GROUPS" in c for c in changed)
+        assert any("_EXEMPT" in c for c in changed)
+        assert any("_pop_torch_function_stack" in c for c in changed)
+        assert guard_keeper.check_and_restore() == []
+        # a guarded course function's code swapped back by the answer is put back too
+        import course_utils.softmax as sm
+        snap = guard_keeper.snapshot()
+        code = sm.safe_softmax.__code__
+        sm.safe_softmax.__code__ = (lambda *a, **k: None).__code__
+        assert any("safe_softmax" in c for c in guard_keeper.check_and_restore(snap))
+        assert sm.safe_softmax.__code__ is code
+    finally:
+        guards.forbid, torch._C._pop_torch_function_stack = real_forbid, real_pop
+        guard_keeper._SNAP.clear()
+
+
+def _renamed_copy(fn) -> str:
+    import ast
+    import inspect
+    import textwrap
+
+    class R(ast.NodeTransformer):
+        def visit_Name(self, n):
+            return ast.copy_location(ast.Name(n.id + "_mine", n.ctx), n)
+
+        def visit_arg(self, n):
+            n.arg += "_mine"
+            return n
+    tree = R().visit(ast.parse(textwrap.dedent(inspect.getsource(fn))))
+    fn_node = tree.body[0]
+    fn_node.name = "my_own_softmax"
+    doc = ast.Expr(ast.Constant("My own work."))
+    if ast.get_docstring(fn_node) is not None:
+        fn_node.body[0] = doc
+    else:
+        fn_node.body.insert(0, doc)
+    return ast.unparse(tree)
+
+
+def test_copies_of_course_code_and_of_the_official_answer_are_flagged():
+    import course_utils.softmax as sm
+    official = {"2.1": "# Exercise 2.1\n" + _renamed_copy(sm.online_softmax).replace(
+        "my_own_softmax", "official")}
+    idx = similarity.Index.build(sandbox.PACKAGE, official)
+    copy = "# Exercise 2.1\nimport torch\n\n\n" + _renamed_copy(sm.safe_softmax)
+    assert idx.flags("2.1", copy) == ["my_own_softmax is a copy of "
+                                      "course_utils.softmax:safe_softmax"]
+    assert idx.flags("2.1", official["2.1"].replace("official", "f")) == [
+        "the answer cell is the official answer",
+        "f is a copy of course_utils.softmax:online_softmax"]
+    assert idx.flags("2.1", "# Exercise 2.1\ndef f(x):\n    return x.exp() / x.exp().sum()") == []

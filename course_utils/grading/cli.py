@@ -3,8 +3,10 @@
     course-grade 01_register_machine submitted/ -o grades/
     python -m course_utils.grading 01 alice.ipynb -o grades/ --workers 2
 
-Writes ``grades/scores.csv``, ``grades/scores.json``, ``grades/results/<student>.json``
-and ``grades/feedback/<student>.md``.
+Writes ``grades/scores.csv``, ``grades/scores.json``, ``grades/results/<student>.json``,
+``grades/feedback/<student>.md``, ``grades/graded/<student>.ipynb`` (the checking
+notebook: ``pytest --nbval`` on it gives the same verdicts) and, with ``--junit-xml``,
+``grades/junit/<student>.xml``.
 """
 from __future__ import annotations
 
@@ -34,12 +36,21 @@ def main(argv=None):
                     help="seconds one whole submission may run (default 600)")
     ap.add_argument("--resume", action="store_true",
                     help="keep earlier results whose submission and template are unchanged")
+    ap.add_argument("--isolation", choices=("auto", "namespaces", "landlock", "limits"),
+                    default="auto", help="sandbox for the graded kernels: auto (all this "
+                    "machine offers, the default), namespaces or landlock (fail if missing), "
+                    "limits (process limits only)")
+    ap.add_argument("--memory-mb", type=int, default=8192,
+                    help="private-memory limit of each graded process in MiB (0: none)")
+    ap.add_argument("--junit-xml", action="store_true",
+                    help="also write junit/<student>.xml, the checking run's JUnit report")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     a = ap.parse_args(argv)
     say = (lambda m: None) if a.quiet else (lambda m: print(m, flush=True))
     try:
         res = grade(a.assignment, a.submissions, a.out, workers=a.workers,
-                    cell_timeout=a.cell_timeout, timeout=a.timeout, resume=a.resume, progress=say)
+                    cell_timeout=a.cell_timeout, timeout=a.timeout, resume=a.resume, progress=say,
+                    isolation=a.isolation, junit_xml=a.junit_xml, memory_mb=a.memory_mb)
     except (GradingError, TemplateError, FileNotFoundError) as e:
         print(f"course-grade: error: {e}", file=sys.stderr)
         return 2
@@ -51,8 +62,9 @@ def main(argv=None):
     bad = sum(1 for r in res.students.values() if r["status"] != "graded")
     print(f"graded {n} submission(s) of {res.assignment} in {res.seconds:.1f} s: mean "
           f"{mean:.2f} / {mx}" + (f", {bad} not gradable (see feedback)" if bad else ""))
-    print(f"wrote {res.out_dir / 'scores.csv'}, {res.out_dir / 'scores.json'} and "
-          f"{res.out_dir / 'feedback'}/")
+    print(f"isolation: {res.isolation}")
+    print(f"wrote {res.out_dir / 'scores.csv'}, {res.out_dir / 'scores.json'}, "
+          f"{res.out_dir / 'feedback'}/ and {res.out_dir / 'graded'}/")
     return 0
 
 

@@ -1,27 +1,126 @@
 """Values as plain data, for the trip out of a graded kernel.
 
 ``encode`` runs inside the kernel (it may have been tampered with there, which
-is why nothing it produces is trusted); ``decode`` runs in the grader and
-accepts only a fixed vocabulary: ``None``, ``bool``, ``int``, ``float``,
-``complex``, ``str``, ``bytes``, CPU tensors, and lists / tagged dicts of those.
-Blobs travel as ``torch.save`` bytes and are read back with
-``torch.load(weights_only=True)``, so a blob can hold data but never code.
-Classes and functions are named, never shipped: ``decode`` resolves a name
-only in ``builtins``, ``course_utils``, ``torch``, ``math`` or ``numpy``.
+is why nothing it produces is trusted); ``decode`` runs in the grader and in
+the checking kernel, and only *builds data*: it accepts an exact allow-list of
+types (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
+plain CPU tensors, numpy arrays, torch dtypes and devices, and lists / tagged
+tuples, sets and dicts of those) and constructs one registered record type,
+:class:`Tile`. It never imports a module, never looks a class or function up by
+the name a record gives, and never calls anything the record names: a class or
+function in a record decodes to a :class:`Named` marker, a named tuple to a
+plain tuple, another dataclass to an inert :class:`Record` (which only
+:func:`materialise`, in the checking kernel, makes into one of the course's own
+dataclasses), any other object to :class:`Unserializable`. Blobs travel as
+``torch.save`` bytes and are read back with ``torch.load(weights_only=True)``,
+so a blob can hold data but never code. Whatever goes wrong while decoding
+(malformed data, nesting deep enough to exhaust the stack, running out of
+memory) is a :class:`CodecError`.
 """
 from __future__ import annotations
 
 import base64
+import builtins
 import dataclasses
-import importlib
 import io
 import math
+import re
+import sys
 
 import torch
 
 MAX_BLOB_BYTES = 32 * 1024 * 1024
-_RESOLVABLE = ("builtins", "course_utils", "torch", "math", "numpy")
 _MAX_DEPTH = 32
+_DTYPES = {str(d).replace("torch.", ""): d for d in (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+    torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.bool) + tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2",
+                                                    "uint16", "uint32", "uint64")
+                        if isinstance(getattr(torch, n, None), torch.dtype))}
+_DEVICE = re.compile(r"^(cpu|cuda|meta|mps|xpu)(:\d{1,3})?$")
+
+
+@dataclasses.dataclass
+class Tile:
+    """A tile of the Triton CPU interpreter (``triton.language.tensor``) as data:
+    its element type, its block shape (``None`` for a scalar) and its values as bytes.
+    The one record type :func:`decode` constructs."""
+    dtype: str
+    shape: list | None
+    np_dtype: str
+    data_shape: list
+    data: torch.Tensor
+
+
+def _tile_from(fields, values):
+    if fields != ["dtype", "shape", "np_dtype", "data_shape", "data"]:
+        return None
+    dtype, shape, np_dtype, data_shape, data = values
+    ints = (lambda v: type(v) is list and len(v) <= 8 and all(type(i) is int and 0 <= i < 2**31
+                                                             for i in v))
+    if type(dtype) is not str or type(np_dtype) is not str or len(dtype) > 32 or \
+            len(np_dtype) > 8 or not (shape is None or ints(shape)) or not ints(data_shape) or \
+            type(data) is not torch.Tensor or data.dtype != torch.uint8:
+        return None
+    return Tile(dtype, shape, np_dtype, data_shape, data)
+
+
+# record types decode can construct: the name the kernel gives -> a builder of plain fields
+_RECORDS = {"course_utils.grading.kernel_side:Tile": _tile_from,
+            "course_utils.grading.codec:Tile": _tile_from}
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A dataclass value as plain data (the class's name, its fields and their
+    values), as it arrives. :func:`materialise` turns it back into the course's
+    own dataclass where one is allowed; nothing else ever builds it."""
+    name: str
+    fields: tuple
+    values: tuple
+
+
+def materialise(x, _depth=0):
+    """``x`` with each :class:`Record` made an instance of its class, when that class
+    is a dataclass defined by a ``course_utils`` module already imported in this
+    process (never ``course_utils.grading``). Nothing is imported; a record of any
+    other class stays an :class:`Unserializable`. Used in the checking kernel, after
+    the template has imported the modules whose values it passes around."""
+    if _depth > _MAX_DEPTH:
+        return x
+    d = _depth + 1
+    if isinstance(x, Record):
+        values = [materialise(v, d) for v in x.values]
+        mod, _, qual = x.name.partition(":")
+        cls = None
+        if mod.startswith("course_utils.") and not mod.startswith("course_utils.grading") \
+                and mod in sys.modules and "." not in qual:
+            cand = vars(sys.modules[mod]).get(qual)
+            if isinstance(cand, type) and dataclasses.is_dataclass(cand) and \
+                    cand.__module__ == mod and \
+                    [f.name for f in dataclasses.fields(cand)] == list(x.fields):
+                cls = cand
+        if cls is None:
+            return Unserializable(f"object of class {x.name:.120}")
+        try:
+            return cls(**dict(zip(x.fields, values)))
+        except Exception:  # noqa: BLE001 - values that the class refuses
+            return Unserializable(f"object of class {x.name:.120} with fields that do not fit it")
+    if type(x) is list:
+        return [materialise(v, d) for v in x]
+    if type(x) is tuple:
+        return tuple(materialise(v, d) for v in x)
+    if type(x) is dict:
+        return {k: materialise(v, d) for k, v in x.items()}
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Named:
+    """A class or function a record names (``kind`` is ``"type"`` or ``"function"``):
+    only its name travels, and nothing is looked up by it."""
+    kind: str
+    name: str
 
 
 class CodecError(ValueError):
@@ -30,6 +129,8 @@ class CodecError(ValueError):
 
 # --------------------------------------------------------------------------- kernel side
 def _name_of(obj) -> str | None:
+    if obj is Tile:
+        return "course_utils.grading.codec:Tile"
     mod = getattr(obj, "__module__", None)
     qual = getattr(obj, "__qualname__", None)
     if not mod or not qual or "<" in qual or mod == "__main__":
@@ -78,6 +179,9 @@ def encode(x, _depth=0):
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return {"__namedtuple__": _name_of(type(x)), "fields": list(x._fields),
                 "values": [encode(v, d) for v in x]}
+    if type(x) is Record:
+        return {"__dataclass__": x.name, "fields": list(x.fields),
+                "values": [encode(v, d) for v in x.values]}
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         fields = [f.name for f in dataclasses.fields(x)]
         return {"__dataclass__": _name_of(type(x)), "fields": fields,
@@ -119,86 +223,107 @@ def loads(text: str, max_bytes: int = MAX_BLOB_BYTES):
     try:
         raw = base64.b64decode(text.encode("ascii"), validate=True)
         return torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - any malformed blob is the same verdict
+    except (Exception, RecursionError, MemoryError) as e:  # noqa: BLE001 - one verdict
         raise CodecError(f"unreadable record blob ({type(e).__name__}: {e})"[:300]) from None
 
 
-def resolve(name: str):
-    """Import ``module:qualname`` if the module is one the grader trusts."""
-    if not isinstance(name, str) or ":" not in name:
-        raise CodecError(f"not a qualified name: {name!r}")
-    mod, qual = name.split(":", 1)
-    if mod.split(".")[0] not in _RESOLVABLE:
-        raise CodecError(f"{name}: the grader only resolves names from "
-                         f"{', '.join(_RESOLVABLE)}")
-    obj = importlib.import_module(mod)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def decode(tree, _depth=0):
+def decode(tree):
     """The value an encoded tree stands for; raises :class:`CodecError` on
     anything outside the vocabulary. ``{"__unserializable__": ...}`` decodes to
     an :class:`Unserializable` marker, which no check accepts."""
-    if _depth > _MAX_DEPTH + 2:
+    try:
+        return _decode(tree, 0)
+    except CodecError:
+        raise
+    except (Exception, RecursionError, MemoryError) as e:  # noqa: BLE001 - e.g. unhashable keys
+        raise CodecError(f"malformed record ({type(e).__name__}: {e})"[:300]) from None
+
+
+def _decode(tree, depth):
+    if depth > _MAX_DEPTH + 2:
         raise CodecError("nesting too deep")
-    d = _depth + 1
+    d = depth + 1
     if tree is None or type(tree) in (bool, int, float, complex, str, bytes):
         return tree
     if type(tree) is list:
-        return [decode(v, d) for v in tree]
-    if type(tree) is not dict or len(tree) == 0:
+        return [_decode(v, d) for v in tree]
+    if type(tree) is not dict or len(tree) == 0 or type(next(iter(tree))) is not str:
         raise CodecError(f"unexpected {type(tree).__name__} in a record")
     tag = next(iter(tree))
     val = tree[tag]
     if tag in ("__tensor__", "__ndarray__"):
-        if type(val) is not torch.Tensor:
-            raise CodecError(f"{tag} does not hold a tensor")
+        if type(val) is not torch.Tensor or val.layout != torch.strided or \
+                val.device.type != "cpu":
+            raise CodecError(f"{tag} does not hold a plain CPU tensor")
         if tag == "__ndarray__":
             return val.numpy()
         return val
     if tag == "__dtype__":
-        dt = getattr(torch, str(val), None)
-        if not isinstance(dt, torch.dtype):
-            raise CodecError(f"unknown dtype {val!r}")
-        return dt
+        if type(val) is not str or val not in _DTYPES:
+            raise CodecError(f"unknown dtype {val!r:.40}")
+        return _DTYPES[val]
     if tag == "__device__":
-        return torch.device(str(val))
+        if type(val) is not str or not _DEVICE.match(val):
+            raise CodecError(f"unknown device {val!r:.40}")
+        return torch.device(val)
     if tag == "__tuple__":
-        return tuple(decode(v, d) for v in _list(val))
+        return tuple(_decode(v, d) for v in _list(val))
     if tag == "__set__":
-        return {decode(v, d) for v in _list(val)}
+        return {_hashable(_decode(v, d)) for v in _list(val)}
     if tag == "__dict__":
         out = {}
         for pair in _list(val):
             if type(pair) is not list or len(pair) != 2:
                 raise CodecError("malformed dict entry")
-            out[decode(pair[0], d)] = decode(pair[1], d)
+            out[_hashable(_decode(pair[0], d))] = _decode(pair[1], d)
         return out
     if tag in ("__type__", "__func__"):
-        return resolve(val)
+        if type(val) is not str or len(val) > 300:
+            raise CodecError(f"{tag} does not hold a name")
+        return Named("type" if tag == "__type__" else "function", val)
     if tag in ("__namedtuple__", "__dataclass__"):
-        values = [decode(v, d) for v in _list(tree.get("values"))]
+        values = [_decode(v, d) for v in _list(tree.get("values"))]
         fields = _list(tree.get("fields"))
-        cls = None
-        if isinstance(val, str) and val.split(":")[0].split(".")[0] == "course_utils":
-            try:
-                cls = resolve(val)
-            except (CodecError, ImportError, AttributeError):
-                cls = None
-        if cls is None:
-            return tuple(values) if tag == "__namedtuple__" else Unserializable(
-                f"object of class {val}")
-        try:
-            if tag == "__namedtuple__":
-                return cls(*values)
-            return cls(**dict(zip(fields, values)))
-        except Exception:  # noqa: BLE001 - fields that do not fit the class
-            return Unserializable(f"object of class {val} with fields that do not fit it")
+        if tag == "__namedtuple__":
+            return tuple(values)
+        build = _RECORDS.get(val) if type(val) is str else None
+        if build is None and type(val) is str and len(val) <= 300 and len(fields) == len(values) \
+                and all(type(f) is str for f in fields):
+            return Record(val, tuple(fields), tuple(values))
+        rec = build(fields, values) if build is not None and len(fields) == len(values) else None
+        if rec is None:
+            what = f"{val:.120}" if type(val) is str else "an unnamed class"
+            return Unserializable(f"object of class {what}"
+                                  + (" with fields that do not fit it" if build else ""))
+        return rec
     if tag == "__unserializable__":
-        return Unserializable(str(val))
-    raise CodecError(f"unknown tag {tag!r} in a record")
+        return Unserializable(str(val)[:300] if type(val) is str else "a value")
+    raise CodecError(f"unknown tag {tag!r:.40} in a record")
+
+
+def _hashable(v):
+    if isinstance(v, (list, dict, set, torch.Tensor)) or type(v).__module__ == "numpy":
+        raise CodecError(f"a {type(v).__name__} cannot be a set element or dict key")
+    return v
+
+
+def exception_class(name):
+    """The exception class a recorded ``module:qualname`` stands for, or None.
+    Only built-in exceptions and the exception classes of modules already
+    imported under ``course_utils`` count; nothing is imported."""
+    if type(name) is not str or name.count(":") != 1:
+        return None
+    mod, qual = name.split(":")
+    if mod == "builtins":
+        cls = vars(builtins).get(qual)
+    elif mod.split(".")[0] == "course_utils" and mod in sys.modules and "." not in qual:
+        cls = vars(sys.modules[mod]).get(qual)
+    else:
+        return None
+    if isinstance(cls, type) and issubclass(cls, Exception) and \
+            f"{cls.__module__}:{cls.__qualname__}" == name:
+        return cls
+    return None
 
 
 def _list(v):

@@ -1,24 +1,31 @@
-"""Grade a class: the official template, one fresh kernel per submission, and
-verdicts decided in this process.
+"""Grade a class: the official template, sandboxed kernels, and verdicts
+decided outside any kernel that ran student code.
 
-How one submission is graded:
+How one submission is graded (:func:`grade_student`, one ``try/finally``; a
+thread pool runs several students at once):
 
-1. its file is read once, read-only; only the source of each answer cell,
-   matched by id, is taken (:mod:`.submissions`);
+1. its file is read once, read-only, without following links; only the source
+   of each answer cell, matched by id, is taken (:mod:`.submissions`);
 2. those sources go into the official template (the solution notebook, with
    any hidden tests) in place of the official answers, stripped of nbval
    markers; outputs, metadata and tags are not carried over (:mod:`.instrument`);
-3. the result runs in a separate process with a fresh kernel, a per-cell and a
-   total time limit (:mod:`.runner`). That kernel only *ships data*: the values
+3. the result runs in a fresh kernel inside the sandbox (:mod:`.sandbox`), with
+   a per-cell and a total time limit. That kernel only *ships data*: the values
    each answer defines and, for each answer function, every call the template
-   made to it with its inputs and result;
-4. a second fresh kernel, the verifier, runs the same template with no student
-   code at all: each answer cell is replaced by those values and by stand-ins
-   that return the recorded results (only for the inputs the verifier itself
-   computes). Its check calls are the real checks, imported in a process the
-   student never touched; their verdicts are the grade. Nothing the student's
-   kernel prints, stores or claims to have passed counts.
+   made to it with its inputs and result. When answer code kills the kernel,
+   the notebook runs again with that exercise's answer left out, so the
+   exercises after it are still graded;
+4. a second fresh sandboxed kernel runs the same template with no student code
+   at all, under pytest's nbval plugin: each answer cell is replaced by those
+   values and by stand-ins that return the recorded results (only for the
+   inputs this kernel itself computes), and each check cell is a test item
+   whose check calls are the real checks. Their verdicts are the grade. The
+   notebook is kept in ``<out>/graded/`` so that ``pytest --nbval`` gives the
+   same verdicts again.
 
+Answer code that reaches for the grading hooks or the course's guards scores
+zero for that exercise; answers that are copies of a ``course_utils`` function
+or of the official answer are flagged for review (:mod:`.similarity`).
 Results are written atomically, one file per student as soon as that student
 is done, then the class tables.
 """
@@ -32,22 +39,20 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-import torch
 
 from course_utils import problems
-from course_utils.grading import codec, instrument, submissions
+from course_utils.grading import codec, instrument, sandbox, similarity, submissions
 from course_utils.grading.runner import write_atomic
 
-GRADER_VERSION = 1
+GRADER_VERSION = 2
 ROOT = Path(__file__).resolve().parents[2]
 _CHECK_MODULES = ("course_utils", "torch.testing")
 
@@ -103,70 +108,73 @@ def load_template(assignment, root: Path | None = None) -> Template:
 
 
 # --------------------------------------------------------------------------- running
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(MPLBACKEND="Agg", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               JUPYTER_PLATFORM_DIRS="1", PYDEVD_DISABLE_FILE_VALIDATION="1")
-    return env
-
-
 @dataclass
-class _Job:
-    student: str
-    safe: str
-    dir: Path
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
-    t0: float = 0.0
-    nonce: str = ""
-    roles: list = field(default_factory=list)
-    run: dict | None = None          # the student's run, once over
-    tail: str = ""                   # the end of its runner's log
-    verify: "_Job | None" = None     # the verifier run that follows it
+class _Class:
+    """What grading every student of a class shares."""
+    tpl: Template
+    sandbox: sandbox.Sandbox
+    jobs: Path
+    out_dir: Path
+    subs_root: Path
+    cell_timeout: float
+    timeout: float
+    junit: bool = False
+    resume: bool = False
+    ref: "Reference | None" = None
+    copies: similarity.Index | None = None
+    official_refs: dict = field(default_factory=dict)
 
 
-def _launch(nb, job: _Job, cell_timeout, timeout, inputs=None):
-    job.dir.mkdir(parents=True, exist_ok=True)
-    work = job.dir / "work"
-    work.mkdir(exist_ok=True)
-    nb_path = job.dir / "graded.ipynb"
-    nbformat.write(nb, nb_path)
-    cmd = [sys.executable, str(Path(__file__).with_name("runner.py")), str(nb_path),
-           str(job.dir / "run.json"), "--cwd", str(work), "--cell-timeout", str(cell_timeout),
-           "--timeout", str(timeout)]
-    log = open(job.dir / "runner.log", "wb")
-    job.proc = subprocess.Popen(cmd, cwd=str(work), env=_env(), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    job.started = time.monotonic()
-
-
-def _kill(job: _Job):
-    """Stop a runner that overstayed, and the kernel it started."""
-    pid_file = job.dir / "run.kernel-pid"
-    for pid in ([int(pid_file.read_text())] if pid_file.exists() else []) + [job.proc.pid]:
-        with contextlib.suppress(OSError, ValueError):
-            os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        job.proc.wait(timeout=10)
-
-
-def _read_run(job: _Job) -> dict | None:
-    path = job.dir / "run.json"
-    if not path.exists() or path.stat().st_size > 512 * 2**20:
-        return None
+def _run(cls: _Class, make, *, inputs=None, nbval=False, keep_as=None):
+    """Build a notebook with ``make(inputs_path) -> (nb, roles)``, run it in the
+    sandbox and return ``(run, roles, log tail)``; ``run`` is None when it
+    produced no result. ``keep_as``: also copy the notebook (and its inputs and
+    JUnit report) into the output folder under that name."""
+    job = Path(tempfile.mkdtemp(prefix="run-", dir=cls.jobs))
     try:
+        name = keep_as or "graded"
+        inputs_path = None
+        if inputs is not None:
+            import torch
+            inputs_file = job / f"{name}.inputs.pt"
+            torch.save(codec.encode(inputs), inputs_file)
+            inputs_path = inputs_file.name if nbval else str(inputs_file)
+        nb, roles = make(inputs_path)
+        nb_path = job / f"{name}.ipynb"
+        nbformat.write(nb, nb_path)
+        (job / "work").mkdir()
+        runner = cls.sandbox.stage / "course_utils" / "grading" / "runner.py"
+        argv = [runner, nb_path, job / "run.json", "--cwd", job if nbval else job / "work",
+                "--cell-timeout", cls.cell_timeout, "--timeout", cls.timeout] + \
+            (["--nbval", "--junit-xml", job / "junit.xml"] if nbval else [])
+        cls.sandbox.run(job, argv, job if nbval else job / "work", job / "runner.log",
+                        cls.timeout + 120)
+        run = _read_run(job / "run.json")
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = (job / "runner.log").read_bytes()[-1500:].decode("utf-8", "replace")
+        if keep_as and run is not None:
+            graded = cls.out_dir / "graded"
+            graded.mkdir(exist_ok=True)
+            shutil.copyfile(nb_path, graded / nb_path.name)
+            if inputs is not None:
+                shutil.copyfile(job / f"{name}.inputs.pt", graded / f"{name}.inputs.pt")
+            if cls.junit and (job / "junit.xml").is_file():
+                (cls.out_dir / "junit").mkdir(exist_ok=True)
+                shutil.copyfile(job / "junit.xml", cls.out_dir / "junit" / f"{name}.xml")
+        return run, roles, tail
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+def _read_run(path: Path) -> dict | None:
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 512 * 2**20:
+            return None
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("cells"), list) else None
-
-
-def _runner_tail(job: _Job) -> str:
-    with contextlib.suppress(OSError):
-        return (job.dir / "runner.log").read_bytes()[-1500:].decode("utf-8", "replace")
-    return ""
 
 
 def _records(run, roles, nonce, kinds, any_cell=False):
@@ -200,17 +208,6 @@ class Reference:
     notes: list = field(default_factory=list)
 
 
-def _run_blocking(nb, job: _Job, cell_timeout, timeout):
-    _launch(nb, job, cell_timeout, timeout)
-    try:
-        job.proc.wait(timeout=timeout + 120)
-    except subprocess.TimeoutExpired:
-        _kill(job)
-    run, tail = _read_run(job), _runner_tail(job)
-    shutil.rmtree(job.dir, ignore_errors=True)
-    return run, tail
-
-
 def _decoded(blobs):
     """First readable record of each key: ``{key: payload}``."""
     out = {}
@@ -241,45 +238,53 @@ def _call_order(key):
     return (name, int(i) if i.isdigit() else 0)
 
 
-def _verify_notebook(tpl, scratch_name, exports, calls, rng, cell_timeout, timeout):
+def _verify(cls: _Class, exports, calls, rng, sources, keep_as=None):
+    """The checking run (under nbval) for these exported values and calls, with
+    ``sources`` the answer cells' sources by exercise (for checks that read them):
+    ``(run, roles, nonce, tail)``."""
     nonce = secrets.token_hex(16)
-    job = _Job(scratch_name, "_verify", Path(tempfile.mkdtemp(prefix="course-grade-")),
-               nonce=nonce)
-    inputs = job.dir / "inputs.pt"
-    torch.save(codec.encode({"rng": rng, "exports": exports, "calls": calls}), inputs)
-    nb, job.roles = instrument.build(tpl.nb, tpl.exercises, "verify", nonce=nonce,
-                                     inputs_path=str(inputs))
-    return nb, job
+
+    def make(inputs_path):
+        return instrument.build(cls.tpl.nb, cls.tpl.exercises, "verify", nonce=nonce,
+                                inputs_path=inputs_path)
+    run, roles, tail = _run(cls, make, inputs={"rng": rng, "exports": exports, "calls": calls,
+                                               "sources": sources},
+                            nbval=True, keep_as=keep_as)
+    return run, roles, nonce, tail
 
 
 def _verdicts(run, roles, nonce, kind="verdict"):
-    """``{key: payload}`` of the verifier's verdicts (or, with ``kind="stop"``, of
+    """``{key: payload}`` of the checking run's verdicts (or, with ``kind="stop"``, of
     the check calls whose arguments could not be computed, with the reason)."""
-    recs, _ = _records(run, roles, nonce, {kind})
+    recs = {}
+    for rec in run.get("records", []) if isinstance(run.get("records"), list) else []:
+        if isinstance(rec, dict) and rec.get("nonce") == nonce and rec.get("kind") == kind \
+                and isinstance(rec.get("key"), str):
+            recs.setdefault((kind, rec["key"]), []).append(rec.get("blob"))
     return {k: v for (_, k), v in _decoded(recs).items() if isinstance(v, dict)}
 
 
-def prepare_reference(tpl: Template, scratch: Path, cell_timeout=60, timeout=600) -> Reference:
+def prepare_reference(cls: _Class) -> Reference:
     """Run the official solution (recording what a student's kernel records),
-    then verify it; every check must pass, and each check function must come
-    from ``course_utils`` or ``torch.testing`` so the verifier runs its own copy."""
+    then check it; every check must pass, and each check function must come
+    from ``course_utils`` or ``torch.testing`` so the checking run uses its own copy."""
+    tpl = cls.tpl
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
-    nb, roles = instrument.build(tpl.nb, tpl.exercises, "reference", nonce=nonce)
-    job = _Job("(reference)", "_reference", scratch / "_reference", nonce=nonce, roles=roles)
-    run, tail = _run_blocking(nb, job, cell_timeout, timeout)
+    run, roles, tail = _run(cls, lambda _: instrument.build(tpl.nb, tpl.exercises, "reference",
+                                                            nonce=nonce))
     if run is None:
         raise GradingError(f"template {tpl.path.name}: the official solution did not finish "
                            f"running:\n{tail}")
     _template_errors(tpl, run, roles, "official solution")
     exports, calls, rng = _exports(run, roles, nonce)
-    nb, vjob = _verify_notebook(tpl, "(reference)", exports, calls, rng, cell_timeout, timeout)
-    vrun, tail = _run_blocking(nb, vjob, cell_timeout, timeout)
+    official = {e.id: tpl.nb.cells[e.answer_index].source for e in tpl.exercises}
+    vrun, vroles, vnonce, tail = _verify(cls, exports, calls, rng, official)
     if vrun is None:
-        raise GradingError(f"template {tpl.path.name}: verifying the official solution did not "
+        raise GradingError(f"template {tpl.path.name}: checking the official solution did not "
                            f"finish:\n{tail}")
-    _template_errors(tpl, vrun, vjob.roles, "official solution, verified from its exported values")
-    verdicts = _verdicts(vrun, vjob.roles, vjob.nonce)
+    _template_errors(tpl, vrun, vroles, "official solution, checked from its exported values")
+    verdicts = _verdicts(vrun, vroles, vnonce)
     hidden_sites = {}
     for e in tpl.exercises:
         _, sites = instrument.rewrite_check(tpl.nb.cells[e.check_index].source, e.id)
@@ -358,17 +363,36 @@ def _before_story(run, roles, upto):
     return None
 
 
-def grade_run(tpl: Template, ref: Reference, sub, srun, sroles, vrun, vroles, vnonce) -> dict:
-    """Scores for one student: verdicts from the verifier run; explanations
-    from both runs."""
+def grade_run(tpl: Template, ref: Reference, sub, srun, sroles, vrun, vroles, vnonce,
+              extra: dict | None = None) -> dict:
+    """Scores for one student: verdicts from the checking run; explanations
+    from both runs. ``extra`` (per exercise): ``crashes`` (the kernel died in
+    it: named first), ``tampered`` and ``elsewhere`` (zero, with the reason
+    first), ``review`` (flags for the instructor, no effect on the score)."""
+    extra = extra or {}
     verdicts = _verdicts(vrun, vroles, vnonce) if vrun is not None else {}
     stops = _verdicts(vrun, vroles, vnonce, "stop") if vrun is not None else {}
     exercises, late_notes = [], []
     for e in tpl.exercises:
         item = {"exercise": e.id, "max": e.points, "points": 0, "passed": False,
-                "reason": "", "checks": []}
+                "reason": "", "checks": [], "review": list(extra.get("review", {}).get(e.id, []))}
         if e.id in sub.problems:
             item["reason"] = sub.problems[e.id]
+            exercises.append(item)
+            continue
+        first = []
+        if e.id in extra.get("crashes", {}):
+            first.append(f"your code crashed the kernel: {extra['crashes'][e.id]}; this answer "
+                         "was left out so that the exercises after it could be graded")
+        if extra.get("tampered", {}).get(e.id):
+            first.append("your answer reached into " + ", ".join(extra["tampered"][e.id][:5])
+                         + ", which answers must not touch; this exercise scores zero")
+        for name, other in extra.get("elsewhere", {}).get(e.id, []):
+            first.append(f"{name} is defined in the answer cell of exercise {other}, not in "
+                         f"this exercise's; only what the answer cell of {e.id} defines counts "
+                         "for it")
+        if first:
+            item["reason"] = "; ".join(first)
             exercises.append(item)
             continue
         fails = []
@@ -404,7 +428,7 @@ def grade_run(tpl: Template, ref: Reference, sub, srun, sroles, vrun, vroles, vn
                 why.append(f"stopped earlier: {before}")
             if ans:
                 why.append(f"your answer cell {ans}")
-            if vchk and vchk not in " ".join(why):
+            if vchk and "ExerciseFailed" not in vchk and vchk not in " ".join(why):
                 why.append(f"the check cell {vchk}")
             item["reason"] = "; ".join(why)
         exercises.append(item)
@@ -430,18 +454,19 @@ def _stray(run, roles):
     return n
 
 
-def _student_result(tpl, sub, body, status, seconds):
+def _student_result(tpl, sub, body, status, seconds, isolation=""):
     total = sum(x["points"] for x in body.get("exercises", []))
     return {"grader_version": GRADER_VERSION, "assignment": tpl.name,
             "template_sha256": tpl.sha256, "student": sub.student,
             "submission": str(sub.path) if sub.path else None,
             "submission_sha256": sub.sha256, "status": status, "total": total,
-            "max": tpl.max_points, "seconds": round(seconds, 2), **body}
+            "max": tpl.max_points, "seconds": round(seconds, 2), "isolation": isolation, **body}
 
 
 def _zero_body(tpl, reason):
     return {"exercises": [{"exercise": e.id, "max": e.points, "points": 0, "passed": False,
-                           "reason": reason, "checks": []} for e in tpl.exercises],
+                           "reason": reason, "checks": [], "review": []}
+                          for e in tpl.exercises],
             "notes": []}
 
 
@@ -450,6 +475,9 @@ def feedback_text(res: dict) -> str:
              f"**Score: {res['total']} / {res['max']}**", ""]
     if res["status"] != "graded":
         lines += [f"This submission could not be graded normally: {res.get('error', res['status'])}", ""]
+    crashes = [n for n in res.get("notes", []) if n.startswith("your code crashed")]
+    if crashes:
+        lines += ["**" + crashes[0] + "**", ""]
     lines += ["| exercise | points | result |", "| --- | --- | --- |"]
     for x in res["exercises"]:
         lines.append(f"| {x['exercise']} | {x['points']} / {x['max']} | "
@@ -477,22 +505,143 @@ def _write_student(out_dir: Path, safe: str, res: dict):
     write_atomic(out_dir / "feedback" / f"{safe}.md", feedback_text(res))
 
 
-def _finish_student(tpl, ref, sub, job, vjob, seconds, killed):
-    """The student's result once both runs are over (``vjob`` is None when the
-    student's run produced nothing to verify)."""
-    srun = job.run
-    vrun = _read_run(vjob) if vjob is not None else None
-    if srun is None or (vjob is not None and vrun is None):
-        what = "your notebook's run" if srun is None else "the verifier run"
-        body = _zero_body(tpl, f"{what} produced no result")
-        body["notes"] = list(sub.notes) + [
-            f"{what} was stopped at the total time limit" if killed else f"{what} failed"]
-        res = _student_result(tpl, sub, body, "error", seconds)
-        res["error"] = (f"{what} ran past the total time limit" if killed else
-                        f"{what} produced no result: " + (_runner_tail(vjob) if vjob else job.tail)[-300:])
+def _crash_site(run, roles):
+    """``(exercise, story)`` of the first cell where the kernel died or could not
+    be stopped, charged to the exercise whose answer ran last before it."""
+    last = None
+    for i, (role, ex) in enumerate(roles[: len(run["cells"])]):
+        if role == "answer":
+            last = ex
+        info = run["cells"][i] if isinstance(run["cells"][i], dict) else {}
+        stuck = info.get("status") == "timeout" and run.get("outcome") == "stuck cell" and \
+            "could not" in str(info.get("why", ""))
+        if info.get("status") == "dead" or stuck:
+            where = f"the {role} cell of exercise {ex}" if ex else f"code cell {i}"
+            return (ex if role in ("answer", "check", "export", "hook") and ex else last,
+                    f"{where}: {info.get('why')}")
+    return None
+
+
+def _student_runs(cls: _Class, sub):
+    """The student's notebook, run until it completes: when the kernel dies (or a
+    cell cannot be stopped), run it again with that exercise's answer left out
+    (its stub instead). ``(run, roles, nonce, tail, crashes)``."""
+    answers, crashes = dict(sub.answers), {}
+    stubs = {e.id: e.stub for e in cls.tpl.exercises}
+    while True:
+        nonce = secrets.token_hex(16)
+
+        def make(inputs_path, nonce=nonce, answers=dict(answers)):
+            return instrument.build(cls.tpl.nb, cls.tpl.exercises, "student", answers,
+                                    nonce=nonce, inputs_path=inputs_path)
+        run, roles, tail = _run(cls, make, inputs={"rng": cls.ref.rng})
+        site = _crash_site(run, roles) if run is not None else None
+        if site is None or site[0] is None or site[0] in crashes or site[0] not in stubs:
+            return run, roles, nonce, tail, crashes
+        crashes[site[0]] = site[1]
+        answers[site[0]] = stubs[site[0]]
+
+
+def _extra(cls: _Class, sub, exports, calls, crashes) -> dict:
+    """Crashes, tampering, names answered in another exercise's cell, copies."""
+    tampered, elsewhere, review = {}, {}, {}
+    owner = {}
+    for key, v in exports.items():
+        ex, _, name = key.rpartition("/")
+        kind = v.get("kind")
+        if kind == "tampered":
+            tampered.setdefault(ex, []).extend(str(w) for w in v.get("what", [])
+                                               if isinstance(w, str))
+        elif kind == "elsewhere":
+            elsewhere.setdefault(ex, []).append((name, str(v.get("exercise", "?"))))
+        elif kind == "function":
+            owner[name] = ex
+    for name, recs in calls.items():
+        for r in recs:
+            what = r.get("tampered")
+            if isinstance(what, list) and owner.get(name):
+                tampered.setdefault(owner[name], []).extend(str(w) for w in what)
+    for e in cls.tpl.exercises:
+        src = sub.answers.get(e.id)
+        if not src:
+            continue
+        refs = [r for r in instrument.tamper_references(src)
+                if r not in cls.official_refs.get(e.id, ())]
+        if refs:
+            tampered.setdefault(e.id, []).extend(refs)
+        if cls.copies is not None:
+            flags = cls.copies.flags(e.id, src)
+            if flags:
+                review[e.id] = flags
+    tampered = {ex: list(dict.fromkeys(w)) for ex, w in tampered.items()}
+    return {"crashes": crashes, "tampered": tampered, "elsewhere": elsewhere, "review": review}
+
+
+def grade_student(cls: _Class, student: str, path) -> dict:
+    """Grade one student, start to end: read, run in the sandbox, check, write the
+    result. Whatever goes wrong (any exception, from the submission's data or the
+    grader) is this student's ``error`` result; every run's folder and process is
+    gone when it returns."""
+    t0 = time.monotonic()
+    safe = submissions.safe_name(student)
+    sub = submissions.Submission(student, path)
+    iso = cls.sandbox.isolation.describe()
+    res = None
+    try:
+        sub = submissions.read(student, path, cls.tpl.exercises, cls.subs_root)
+        if sub.invalid is not None:
+            res = _student_result(cls.tpl, sub, _zero_body(cls.tpl, sub.invalid), "invalid", 0.0)
+            res["error"] = sub.invalid
+            return res
+        if cls.resume:
+            old = _load_json(cls.out_dir / "results" / f"{safe}.json")
+            if old and old.get("submission_sha256") == sub.sha256 and \
+                    old.get("template_sha256") == cls.tpl.sha256 and \
+                    old.get("grader_version") == GRADER_VERSION and old.get("status") == "graded":
+                old["kept"] = True
+                res = old
+                return old
+        srun, sroles, snonce, tail, crashes = _student_runs(cls, sub)
+        if srun is None:
+            res = _student_result(cls.tpl, sub, _zero_body(cls.tpl, "your notebook's run "
+                                                           "produced no result"), "error",
+                                  time.monotonic() - t0, iso)
+            res["error"] = "your notebook's run produced no result: " + tail[-300:]
+            return res
+        exports, calls, _ = _exports(srun, sroles, snonce)
+        sources = {e.id: (sub.answers[e.id] if e.id in sub.answers and e.id not in crashes
+                          else e.stub) for e in cls.tpl.exercises}
+        vrun, vroles, vnonce, vtail = _verify(cls, exports, calls, cls.ref.rng, sources,
+                                              keep_as=safe)
+        if vrun is None:
+            res = _student_result(cls.tpl, sub, _zero_body(cls.tpl, "the checking run produced "
+                                                           "no result"), "error",
+                                  time.monotonic() - t0, iso)
+            res["error"] = "the checking run produced no result: " + vtail[-300:]
+            return res
+        extra = _extra(cls, sub, exports, calls, crashes)
+        body = grade_run(cls.tpl, cls.ref, sub, srun, sroles, vrun, vroles, vnonce, extra)
+        body["notes"] = [f"your code crashed the kernel in {ex}: {why}" for ex, why in
+                         crashes.items()] + body["notes"]
+        if extra["review"]:
+            body["notes"].append("flagged for the instructor's review (no effect on the "
+                                 "score): " + "; ".join(f"{ex}: {', '.join(f)}" for ex, f in
+                                                        extra["review"].items()))
+        body["graded_notebook"] = f"graded/{safe}.ipynb"
+        res = _student_result(cls.tpl, sub, body, "graded", time.monotonic() - t0, iso)
         return res
-    body = grade_run(tpl, ref, sub, srun, job.roles, vrun, vjob.roles, vjob.nonce)
-    return _student_result(tpl, sub, body, "graded", seconds)
+    except BaseException as e:  # noqa: BLE001 - one student's trouble stays theirs
+        if isinstance(e, KeyboardInterrupt) and threading.current_thread() is \
+                threading.main_thread():
+            raise
+        res = _student_result(cls.tpl, sub, _zero_body(cls.tpl, "grading error"), "error",
+                              time.monotonic() - t0, iso)
+        res["error"] = f"the grader failed on this submission: {type(e).__name__}: {e}"[:1000]
+        return res
+    finally:
+        if res is not None and not res.get("kept"):
+            with contextlib.suppress(Exception):
+                _write_student(cls.out_dir, safe, res)
 
 
 # --------------------------------------------------------------------------- the class
@@ -504,21 +653,30 @@ class ClassResult:
     exercises: list         # [(id, points)]
     seconds: float
     notes: list
+    isolation: str = ""
 
     def scores(self) -> dict:
         return {s: r["total"] for s, r in self.students.items()}
 
 
 def grade(assignment, submissions_path, out_dir, *, workers: int = 2, cell_timeout: float = 60,
-          timeout: float = 600, resume: bool = False, root=None, progress=None) -> ClassResult:
+          timeout: float = 600, resume: bool = False, root=None, progress=None,
+          isolation: str = "auto", junit_xml: bool = False,
+          memory_mb: int = 8192) -> ClassResult:
     """Grade every submission in ``submissions_path`` (a notebook, a folder of
     ``<student>.ipynb`` or an nbgrader ``submitted/`` tree) against the official
-    template of ``assignment``; write the tables and feedback into ``out_dir``."""
+    template of ``assignment``; write the tables and feedback into ``out_dir``.
+    ``isolation``: ``auto`` (all the sandbox this machine offers), ``namespaces``,
+    ``landlock`` or ``limits`` (see :mod:`course_utils.grading.sandbox`);
+    ``junit_xml``: also write ``<out>/junit/<student>.xml``."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise GradingError(f"workers: expected a positive int, got {workers!r}")
     for nm, v in (("cell_timeout", cell_timeout), ("timeout", timeout)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
             raise GradingError(f"{nm}: expected a positive number of seconds, got {v!r}")
+    if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 0:
+        raise GradingError(f"memory_mb: expected a number of MiB (0 for no limit), got "
+                           f"{memory_mb!r}")
     if submissions_path is None or not Path(submissions_path).exists():
         raise GradingError(f"submissions: expected an .ipynb file or a folder, got "
                            f"{submissions_path!r} (not found)")
@@ -527,6 +685,10 @@ def grade(assignment, submissions_path, out_dir, *, workers: int = 2, cell_timeo
     if out_dir is None or (Path(out_dir).exists() and not Path(out_dir).is_dir()):
         raise GradingError(f"out_dir: expected a folder for the scores and feedback, got "
                            f"{out_dir!r}")
+    try:
+        iso = sandbox.detect(isolation)
+    except sandbox.SandboxError as e:
+        raise GradingError(str(e)) from None
     tpl = load_template(assignment, root)
     try:
         found, notes = submissions.discover(submissions_path, tpl.name)
@@ -534,146 +696,114 @@ def grade(assignment, submissions_path, out_dir, *, workers: int = 2, cell_timeo
         raise GradingError(str(e)) from None
     out_dir = Path(out_dir)
     src = Path(submissions_path).resolve()
-    if src.is_dir() and (out_dir.resolve() == src or src in out_dir.resolve().parents):
-        raise GradingError(f"out_dir: {out_dir} is inside the submissions folder {src}; "
+    subs_root = src if src.is_dir() else src.parent
+    if out_dir.resolve() == subs_root or subs_root in out_dir.resolve().parents:
+        raise GradingError(f"out_dir: {out_dir} is inside the submissions folder {subs_root}; "
                            "choose a folder outside it")
     for sub_dir in ("results", "feedback"):
         (out_dir / sub_dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))
     results = {}
-    running: list[tuple[_Job, object]] = []
+    box = None
     try:
-        todo = []
-        for student, path in found:
-            safe = submissions.safe_name(student)
-            sub = submissions.read(student, path, tpl.exercises)
-            if resume and sub.invalid is None:
-                old = _load_json(out_dir / "results" / f"{safe}.json")
-                if old and old.get("submission_sha256") == sub.sha256 and \
-                        old.get("template_sha256") == tpl.sha256 and \
-                        old.get("grader_version") == GRADER_VERSION and old.get("status") == "graded":
-                    results[student] = old
-                    say(f"{student}: kept earlier result {old['total']}/{old['max']}")
-                    continue
-            if sub.invalid is not None:
-                res = _student_result(tpl, sub, _zero_body(tpl, sub.invalid), "invalid", 0.0)
-                res["error"] = sub.invalid
-                _write_student(out_dir, safe, res)
-                results[student] = res
-                say(f"{student}: invalid submission ({sub.invalid})")
-                continue
-            todo.append((student, safe, sub))
-        ref = None
-        if todo:
-            say(f"running the official solution of {tpl.name} ...")
-            ref = prepare_reference(tpl, scratch, cell_timeout, timeout)
-            notes.extend(ref.notes)
-            say(f"reference ready in {time.monotonic() - t_start:.1f} s; grading {len(todo)} "
+        (scratch / "jobs").mkdir()
+        course_root = Path(root).resolve() if root is not None else ROOT
+        box = sandbox.Sandbox(scratch, [ROOT, course_root, tpl.path.resolve().parent,
+                                        out_dir.resolve(), subs_root], iso,
+                              memory_mb=memory_mb, cpu_seconds=2 * timeout + 120)
+        cls = _Class(tpl, box, scratch / "jobs", out_dir, subs_root, cell_timeout, timeout,
+                     junit=junit_xml, resume=resume)
+        official = {e.id: tpl.nb.cells[e.answer_index].source for e in tpl.exercises}
+        cls.official_refs = {ex: set(instrument.tamper_references(src))
+                             for ex, src in official.items()}
+        cls.copies = similarity.Index.build(sandbox.PACKAGE, official)
+        # a class of unreadable files needs no kernel: read first, cheaply
+        readable = [(s, p) for s, p in found
+                    if p is not None and _quick_ok(p, subs_root)]
+        if readable:
+            say(f"running the official solution of {tpl.name} ({iso.describe()}) ...")
+            cls.ref = prepare_reference(cls)
+            notes.extend(cls.ref.notes)
+            say(f"reference ready in {time.monotonic() - t_start:.1f} s; grading {len(found)} "
                 f"submission(s) with {workers} worker(s)")
-        queue = list(todo)
-        while queue or running:
-            while queue and len(running) < workers:
-                student, safe, sub = queue.pop(0)
-                job = _Job(student, safe, Path(tempfile.mkdtemp(prefix="course-grade-")),
-                           nonce=secrets.token_hex(16))
-                try:
-                    inputs_path = job.dir / "inputs.pt"
-                    torch.save(codec.encode({"rng": ref.rng}), inputs_path)
-                    nb, job.roles = instrument.build(tpl.nb, tpl.exercises, "student", sub.answers,
-                                                     nonce=job.nonce, inputs_path=str(inputs_path))
-                    _launch(nb, job, cell_timeout, timeout)
-                    job.t0 = job.started
-                    running.append((job, sub))
-                except Exception as e:  # noqa: BLE001 - one student's trouble stays theirs
-                    shutil.rmtree(job.dir, ignore_errors=True)
-                    results[student] = _crashed(out_dir, tpl, sub, safe, e)
-                    say(f"{student}: grading error ({e})")
-            time.sleep(0.05)
-            still = []
-            for job, sub in running:
-                current = job.verify or job
-                if current.proc.poll() is None and time.monotonic() - current.started < timeout + 120:
-                    still.append((job, sub))
-                    continue
-                killed = current.proc.poll() is None
-                if killed:
-                    _kill(current)
-                try:
-                    if job.verify is None:
-                        # the student's run is over: read it, then start the verifier
-                        job.run = _read_run(job)
-                        job.tail = _runner_tail(job)
-                        shutil.rmtree(job.dir, ignore_errors=True)
-                        if job.run is not None and not killed:
-                            exports, calls, _ = _exports(job.run, job.roles, job.nonce)
-                            nb, job.verify = _verify_notebook(tpl, job.student, exports, calls,
-                                                              ref.rng, cell_timeout, timeout)
-                            _launch(nb, job.verify, cell_timeout, timeout)
-                            still.append((job, sub))
-                            continue
-                    res = _finish_student(tpl, ref, sub, job, job.verify,
-                                          time.monotonic() - job.t0, killed)
-                    _write_student(out_dir, job.safe, res)
-                    results[job.student] = res
-                    say(f"{job.student}: {res['total']}/{res['max']} "
-                        f"({time.monotonic() - job.t0:.1f} s)")
-                except Exception as e:  # noqa: BLE001 - one student's trouble stays theirs
-                    results[job.student] = _crashed(out_dir, tpl, sub, job.safe, e)
-                    say(f"{job.student}: grading error ({e})")
-                finally:
-                    if (job, sub) not in still:
-                        for j in (job, job.verify):
-                            if j is not None:
-                                shutil.rmtree(j.dir, ignore_errors=True)
-            running = still
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(grade_student, cls, s, p): s for s, p in found}
+            try:
+                for f in as_completed(futures):
+                    student = futures[f]
+                    res = f.result()
+                    results[student] = res
+                    if res.pop("kept", False):
+                        say(f"{student}: kept earlier result {res['total']}/{res['max']}")
+                        continue
+                    say(f"{student}: {res['total']}/{res['max']}"
+                        + (f" ({res['status']}: {res.get('error', '')[:120]})"
+                           if res["status"] != "graded" else f" ({res['seconds']:.1f} s)"))
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                box.kill_all()
+                raise
     finally:
-        for job, _ in running:  # only after an interruption: stop what is still going
-            for j in (job, job.verify):
-                if j is not None and j.proc is not None and j.proc.poll() is None:
-                    _kill(j)
-                if j is not None:
-                    shutil.rmtree(j.dir, ignore_errors=True)
+        if box is not None:
+            box.kill_all()
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.monotonic() - t_start
     result = ClassResult(tpl.name, out_dir, dict(sorted(results.items())),
-                         [(e.id, e.points) for e in tpl.exercises], seconds, notes)
+                         [(e.id, e.points) for e in tpl.exercises], seconds, notes,
+                         iso.describe())
     write_tables(result, tpl)
     return result
 
 
-def _crashed(out_dir, tpl, sub, safe, err) -> dict:
-    res = _student_result(tpl, sub, _zero_body(tpl, "grading error"), "error", 0.0)
-    res["error"] = f"the grader failed on this submission: {type(err).__name__}: {err}"[:1000]
-    with contextlib.suppress(Exception):
-        _write_student(out_dir, safe, res)
-    return res
+def _quick_ok(path, root) -> bool:
+    try:
+        raw = submissions.open_no_follow(path, root)
+        return isinstance(json.loads(raw.decode("utf-8")), dict)
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError):
+        return False
 
 
 def _load_json(path: Path):
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, RecursionError):
         return json.loads(path.read_text(encoding="utf-8"))
     return None
 
 
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v):
+    """A table cell that a spreadsheet shows as text, never runs as a formula."""
+    if isinstance(v, str) and v.startswith(_FORMULA):
+        return "'" + v
+    return v
+
+
 def write_tables(result: ClassResult, tpl: Template):
-    """``scores.csv`` (one row per student, one column per exercise) and
+    """``scores.csv`` (one row per student, one column per exercise, then the
+    total, the status, the review flags and the isolation in force) and
     ``scores.json``, each written atomically."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["student"] + [f"{ex} ({pts})" for ex, pts in result.exercises]
-               + ["total", "max", "status"])
+               + ["total", "max", "status", "review", "isolation"])
     for student, r in result.students.items():
         pts = {x["exercise"]: x["points"] for x in r["exercises"]}
-        w.writerow([student] + [pts.get(ex, 0) for ex, _ in result.exercises]
-                   + [r["total"], r["max"], r["status"]])
+        review = "; ".join(f"{x['exercise']}: {', '.join(x.get('review') or [])}"
+                           for x in r["exercises"] if x.get("review"))
+        w.writerow([csv_cell(c) for c in [student] + [pts.get(ex, 0) for ex, _ in result.exercises]
+                    + [r["total"], r["max"], r["status"], review,
+                       r.get("isolation") or result.isolation]])
     write_atomic(result.out_dir / "scores.csv", buf.getvalue())
     table = {"assignment": result.assignment, "template": str(tpl.path),
              "template_sha256": tpl.sha256, "grader_version": GRADER_VERSION,
+             "isolation": result.isolation,
              "exercises": [{"exercise": ex, "points": p} for ex, p in result.exercises],
              "max": tpl.max_points, "seconds": round(result.seconds, 2), "notes": result.notes,
              "students": {s: {"total": r["total"], "status": r["status"],
                               "points": {x["exercise"]: x["points"] for x in r["exercises"]},
+                              "review": {x["exercise"]: x.get("review") for x in r["exercises"]
+                                         if x.get("review")},
                               "submission_sha256": r["submission_sha256"]}
                           for s, r in result.students.items()}}
     write_atomic(result.out_dir / "scores.json", json.dumps(table, indent=1, sort_keys=True))
-

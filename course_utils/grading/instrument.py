@@ -11,8 +11,10 @@ code cells only (no outputs, metadata or tags):
   answer defines; every other cell is preceded by ``cell_start``.
 * ``verify``: the template with each answer cell replaced by
   ``__course_grade__.bind(...)`` and each check call ``check_x(a, b, ...)``
-  routed through ``__course_grade__.verify_call(<exercise>, <site>, check_x, a, b, ...)``.
-  No student code is in this notebook.
+  routed through ``__course_grade__.verify_call(<exercise>, <site>, check_x, a, b, ...)``;
+  each check cell ends with ``end_check``, which fails the cell when one of its
+  checks failed, so under ``pytest --nbval`` each check cell is the test item of
+  its exercise. No student code is in this notebook.
 
 In every mode a check call that is a statement of its own is guarded
 (``try: ... except Exception: ...``): a failed check does not stop its cell,
@@ -174,11 +176,33 @@ def rewrite_check(src: str, exercise: str, where: str = "check cell"):
     return ast.unparse(tree), rw.sites
 
 
+GUARD_FUNCTIONS = ("run_answer", "forbid")
+
+
+class _GuardCalls(ast.NodeTransformer):
+    """``run_answer(...)`` / ``guards.forbid(...)`` -> the grading hooks' copies,
+    taken from ``course_utils.guards`` before any answer cell ran, so rebinding
+    the notebook's names or the module's attributes does not switch them off."""
+
+    def visit_Call(self, node):
+        node = self.generic_visit(node)
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else \
+            f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+            and f.value.id == "guards" else None
+        if name in GUARD_FUNCTIONS:
+            node.func = ast.copy_location(ast.Attribute(ast.Name(KERNEL_NAME, ast.Load()),
+                                                        f"guard_{name}", ast.Load()), f)
+        return node
+
+
 def guard_check(src: str, exercise: str, where: str = "check cell") -> str:
     """A check cell for the student's (or the official) kernel: the same calls, with
     each check statement guarded as in the verifier, so that both kernels make the
-    same calls to the answer functions whichever checks fail."""
+    same calls to the answer functions whichever checks fail; the course's guards
+    are called through the grading hooks' own references."""
     tree = _Rewriter(exercise, set(), verify=False).visit(_parse_check(src, where))
+    tree = _GuardCalls().visit(tree)
     ast.fix_missing_locations(tree)
     return ast.unparse(tree)
 
@@ -265,7 +289,7 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
             if mode == "student":
                 src = (answers or {}).get(ex)
                 src = e.stub if src is None else strip_markers(src)
-            add(f"{KERNEL_NAME}.answer_start()", "hook", ex)
+            add(f"{KERNEL_NAME}.answer_start({ex!r}, globals())", "hook", ex)
             add(src, "answer", ex, cell.get("id"))
             add(f"{KERNEL_NAME}.export({ex!r}, {names!r}, globals())", "export", ex)
             continue
@@ -273,6 +297,7 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
         src = cell.source
         if role == "check" and mode == "verify":
             src, _ = rewrite_check(cell.source, ex, f"check cell of exercise {ex}")
+            src += f"\n{KERNEL_NAME}.end_check({ex!r})"
         elif role == "check":
             src = guard_check(cell.source, ex, f"check cell of exercise {ex}")
         add(src, role, ex, cell.get("id"))
@@ -304,3 +329,62 @@ def exposed_names(src: str) -> list[str]:
             for a in node.args[1:] + [k.value for k in node.keywords]:
                 rest |= loads(a)
     return sorted((assigned & rest) - first)
+
+
+# What answer code has no business touching: the grading hooks, the guards that
+# checks run answers under, torch's switches for them, and the process's modules.
+_TAMPER_NAMES = {
+    "__course_grade__": "the grading hooks", "kernel_side": "the grading hooks",
+    "guard_keeper": "the grading hooks", "publish_display_data": "the grading records",
+    "guards": "the course's guards", "ForbiddenCall": "the course's guards",
+    "run_answer": "the course's guards", "forbid": "the course's guards",
+    "DisableTorchFunction": "torch's function modes (which the guards use)",
+    "DisableTorchFunctionSubclass": "torch's function modes (which the guards use)",
+    "_pop_torch_function_stack": "torch's function modes (which the guards use)",
+    "_push_on_torch_function_stack": "torch's function modes (which the guards use)",
+    "_pop_mode": "torch's function modes (which the guards use)",
+    "_pop_mode_temporarily": "torch's function modes (which the guards use)",
+    "_get_current_function_mode_stack": "torch's function modes (which the guards use)",
+    "_disabled_torch_function_impl": "torch's function modes (which the guards use)",
+}
+
+
+def tamper_references(src: str) -> list[str]:
+    """What an answer cell's code refers to that no answer needs: the grading hooks,
+    the course's guards (``course_utils.guards``), torch's function-mode switches.
+    Each as ``"name (what it is)"``; empty for an honest answer."""
+    try:
+        tree = ast.parse(_python_source(src))
+    except SyntaxError:
+        return []
+    found = []
+
+    def add(name):
+        what = _TAMPER_NAMES.get(name)
+        if what and f"{name} ({what})" not in found:
+            found.append(f"{name} ({what})")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            add(node.id)
+        elif isinstance(node, ast.Attribute):
+            add(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] + ([node.module] if getattr(node, "module", None)
+                                                    else [])
+            for m in mods:
+                for part in m.split("."):
+                    add(part)
+                if m.startswith("course_utils.grading"):
+                    add("kernel_side")
+            for a in node.names:
+                add(a.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                len(node.value) < 200:
+            for part in node.value.replace(":", ".").split("."):
+                if part in _TAMPER_NAMES and part not in ("forbid", "guards"):
+                    add(part)
+            if node.value.startswith("course_utils.grading") or \
+                    node.value == "course_utils.guards":
+                add("kernel_side" if "grading" in node.value else "guards")
+    return found

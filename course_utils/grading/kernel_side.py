@@ -34,19 +34,20 @@ import sys
 
 import torch
 
-from course_utils.grading import codec
+from course_utils.grading import codec, guard_keeper
 
 MIME = "application/x-course-grade+json"  # the runner keeps the same constant
 
 _state = {"mode": None, "nonce": "", "inputs": {}, "hits": {}, "record": True, "depth": 0,
-          "calls": {}, "reported": None}
+          "calls": {}, "reported": None, "failed": {}, "before": None, "answer_bound": {}}
+RECORDS_ENV = "COURSE_GRADE_RECORDS"   # verifier under nbval: where its records go
 
 
 def start(mode: str, nonce: str, inputs_path: str | None = None):
     if mode not in ("reference", "student", "verify"):
         raise ValueError(f"mode must be 'reference', 'student' or 'verify', got {mode!r}")
     _state.update(mode=mode, nonce=nonce, hits={}, inputs={}, record=True, depth=0, calls={},
-                  reported=None)
+                  reported=None, failed={}, before=None, answer_bound={})
     # ``torch.empty`` then holds NaN (or the largest integer) in both kernels, not whatever
     # the allocator left there, so an output buffer the template hands to an answer's
     # kernel is the same input in both kernels. The setter is what
@@ -60,15 +61,54 @@ def start(mode: str, nonce: str, inputs_path: str | None = None):
     torch.utils.deterministic.fill_uninitialized_memory = True
     if inputs_path:
         raw = torch.load(inputs_path, weights_only=True)
-        try:
-            import os
-            os.unlink(inputs_path)
-        except OSError:
-            pass
+        if mode != "verify":  # the checking notebook keeps its inputs, to be run again
+            try:
+                import os
+                os.unlink(inputs_path)
+            except OSError:
+                pass
         _state["inputs"] = codec.decode(raw)
+    sources = _state["inputs"].get("sources")
+    if mode == "verify" and isinstance(sources, dict):
+        try:  # checks that read an answer's source read the graded one
+            from course_utils import guards
+        except ImportError:  # pragma: no cover - a course without guards
+            guards = None
+        if guards is not None and hasattr(guards, "register_answer_sources"):
+            guards.register_answer_sources({str(k): str(v) for k, v in sources.items()})
+    if mode != "verify":
+        guard_keeper.capture()
+        try:
+            from course_utils import guards
+            _GUARDS.update(run_answer=guards.run_answer, forbid=guards.forbid)
+        except (ImportError, AttributeError):  # pragma: no cover - a course without guards
+            pass
+
+
+_GUARDS: dict = {}
+
+
+def guard_run_answer(fn, *args, **kwargs):
+    """``guards.run_answer`` as it was before any answer cell ran (check cells of
+    the student's kernel call this in its place)."""
+    return _GUARDS["run_answer"](fn, *args, **kwargs)
+
+
+def guard_forbid(*groups, **kwargs):
+    """``guards.forbid`` as it was before any answer cell ran."""
+    return _GUARDS["forbid"](*groups, **kwargs)
 
 
 def _publish(kind: str, key: str, payload):
+    if _state["mode"] == "verify":
+        import json
+        import os
+        path = os.environ.get(RECORDS_ENV)
+        if path:  # the checking run (under nbval); run by hand, the verdicts are the cells' errors
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"nonce": _state["nonce"], "kind": kind, "key": key,
+                                    "blob": codec.dumps(payload)}) + "\n")
+        return
     from IPython.display import publish_display_data
     publish_display_data({MIME: {"nonce": _state["nonce"], "kind": kind, "key": key,
                                  "blob": codec.dumps(payload)}})
@@ -108,9 +148,37 @@ def cell_start(index: int):
         _set_rng_states(_state["inputs"].get("rng", {}).get(key))
 
 
-def answer_start():
-    """Before an answer cell: calls made by the student's own code are not recorded."""
+def answer_start(exercise: str | None = None, namespace=None):
+    """Before an answer cell: calls made by the student's own code are not recorded;
+    note what each global is bound to (see :func:`export`), and forget the
+    sources of the cells run so far (check cells hold hidden tests)."""
     _state["record"] = False
+    if namespace is not None:
+        _state["before"] = {k: id(v) for k, v in namespace.items()}
+    _forget_sources()
+    if _state["mode"] != "verify":
+        guard_keeper.capture()
+
+
+def _forget_sources():
+    import linecache
+    try:
+        ip = get_ipython()  # noqa: F821 - defined in a kernel
+    except NameError:
+        return
+    hm = getattr(ip, "history_manager", None)
+    for lst in (getattr(hm, "input_hist_parsed", None), getattr(hm, "input_hist_raw", None)):
+        if isinstance(lst, list):
+            lst[:] = [""] * len(lst)
+    out = getattr(hm, "output_hist", None)
+    if isinstance(out, dict):
+        out.clear()
+    ns = ip.user_ns
+    for k in [k for k in ns if k in ("_i", "_ii", "_iii", "_", "__", "___")
+              or (k.startswith("_i") and k[2:].isdigit()) or (k.startswith("_") and k[1:].isdigit())]:
+        ns[k] = ""
+    for k in [k for k in linecache.cache if "ipykernel_" in k or k.startswith("<ipython-input")]:
+        linecache.cache.pop(k, None)
 
 
 def _is_function(x) -> bool:
@@ -130,15 +198,7 @@ def _raised(e):
 
 
 # --------------------------------------------------------------------------- values as data
-@dataclasses.dataclass
-class Tile:
-    """A tile of the Triton CPU interpreter (``triton.language.tensor``) as data:
-    its element type, its block shape (``None`` for a scalar) and its values as bytes."""
-    dtype: str
-    shape: list | None
-    np_dtype: str
-    data_shape: list
-    data: torch.Tensor
+Tile = codec.Tile   # the record type a tile travels as (defined with the codec, which builds it)
 
 
 def _triton_types():
@@ -282,6 +342,7 @@ class _Recorder:
         if grid is not None:
             payload["grid"] = _as_data(grid)
         _state["depth"] += 1
+        kept = guard_keeper.snapshot()
         try:
             out = target(*args, **kwargs)
             payload["outcome"] = {"returned": _as_data(out)}
@@ -291,6 +352,9 @@ class _Recorder:
             raise
         finally:
             _state["depth"] -= 1
+            tampered = guard_keeper.check_and_restore(kept)
+            if tampered:
+                payload["tampered"] = tampered[:20]
             try:
                 payload["mutated"] = _changed([list(args), dict(kwargs)], before)
             except Exception:  # noqa: BLE001 - a hostile argument: the stand-in will refuse
@@ -304,9 +368,31 @@ def _launch(recorder, grid, *args, **kwargs):
 
 
 def export(exercise: str, names, namespace):
-    """After an answer cell (student kernel): ship its values, wrap its functions."""
+    """After an answer cell (student kernel): ship its values, wrap its functions.
+
+    Only what this exercise's own answer cell defines counts: a name of this
+    exercise that the cell left as an earlier answer cell (another exercise's)
+    had bound it is shipped as defined elsewhere, and removed, so that it earns
+    nothing here."""
     _state["record"] = True
+    tampered = guard_keeper.check_and_restore()
+    if tampered:
+        _publish("export", f"{exercise}/__tampered__", {"name": "__tampered__",
+                                                        "kind": "tampered", "what": tampered[:20]})
+    before, _state["before"] = _state.get("before"), None
+    bound = _state["answer_bound"]
+    if before is not None:   # what this answer cell bound (answer_start took the picture)
+        for k, v in list(namespace.items()):
+            if before.get(k) != id(v):
+                bound[k] = (exercise, id(v))
     for name in names:
+        origin = bound.get(name) if before is not None else None
+        if name in namespace and origin is not None and origin[0] != exercise and \
+                origin[1] == id(namespace[name]):
+            namespace.pop(name, None)
+            _publish("export", f"{exercise}/{name}", {"name": name, "kind": "elsewhere",
+                                                      "exercise": origin[0]})
+            continue
         if name not in namespace:
             _publish("export", f"{exercise}/{name}", {"name": name, "kind": "missing"})
             continue
@@ -326,6 +412,9 @@ class Mismatch(RuntimeError):
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, codec.Record) or isinstance(b, codec.Record):
+        return (isinstance(a, codec.Record) and isinstance(b, codec.Record)
+                and a.name == b.name and a.fields == b.fields and _same(a.values, b.values))
     if isinstance(a, Tile) or isinstance(b, Tile):
         return (isinstance(a, Tile) and isinstance(b, Tile)
                 and all(_same(getattr(a, f.name), getattr(b, f.name))
@@ -392,14 +481,11 @@ class _Replay:
                 dest.copy_(value.to(dest.device))
         out = rec.get("outcome") or {}
         if "returned" in out:
-            return _from_data(out["returned"])
+            return _from_data(codec.materialise(out["returned"]))
         msg = str(out.get("message", ""))
         for name in out.get("raised") or []:
-            try:
-                cls = codec.resolve(name)
-            except Exception:  # noqa: BLE001 - a class of the student's: try its bases
-                continue
-            if isinstance(cls, type) and issubclass(cls, Exception):
+            cls = codec.exception_class(name)   # a class of the student's: try its bases
+            if cls is not None:
                 try:
                     exc = cls(msg)
                 except Exception:  # noqa: BLE001
@@ -418,12 +504,12 @@ def bind(exercise: str, names, namespace):
     calls = _state["inputs"].get("calls", {})
     for name in names:
         item = exports.get(f"{exercise}/{name}")
-        if not isinstance(item, dict) or item.get("kind") == "missing":
+        if not isinstance(item, dict) or item.get("kind") not in ("function", "data"):
             namespace.pop(name, None)
         elif item.get("kind") == "function":
             namespace[name] = _Replay(name, calls.get(name, []))
         else:
-            namespace[name] = item.get("value")
+            namespace[name] = codec.materialise(item.get("value"))
 
 
 def _key(exercise, site):
@@ -441,6 +527,7 @@ def verify_call(exercise: str, site: int, fn, *args, **kwargs):
     try:
         result = fn(*args, **kwargs)
     except Exception as e:
+        _state["failed"].setdefault(exercise, []).append(label)
         _publish("verdict", key, {"fn": name, "label": label, "passed": False,
                                   "message": f"{e}" if isinstance(e, AssertionError)
                                   else f"{type(e).__name__}: {e}"})
@@ -458,4 +545,18 @@ def stopped(exercise: str, site: int, err: BaseException):
     if _state.get("reported") is err:
         _state["reported"] = None
         return
+    _state["failed"].setdefault(exercise, []).append(f"a check not reached ({type(err).__name__})")
     _publish("stop", _key(exercise, site), {"message": f"{type(err).__name__}: {err}"[:2000]})
+
+
+class ExerciseFailed(AssertionError):
+    """The checking notebook's verdict on one exercise (the last line of its check cell)."""
+
+
+def end_check(exercise: str):
+    """Last statement of a check cell in the checking notebook: the cell fails
+    (so ``pytest --nbval`` reports the exercise as failed) when any of its checks did."""
+    failed = _state["failed"].pop(exercise, [])
+    if failed:
+        raise ExerciseFailed(f"exercise {exercise}: {len(failed)} check(s) failed: "
+                             + "; ".join(str(f) for f in failed[:5]))

@@ -3,7 +3,10 @@
     python course_utils/grading/runner.py NOTEBOOK RESULT --cwd DIR \
         --cell-timeout S --timeout S
 
-The grader starts this in its own process (one per submission). It executes
+The grader starts this in its own process (one per run), inside the sandbox
+(:mod:`course_utils.grading.sandbox`). With ``--nbval`` (the checking run) the
+notebook runs under pytest's nbval plugin instead, each cell a test item, and
+the result also holds a JUnit report. It executes
 every cell in order with a per-cell limit (an over-long cell is interrupted and
 recorded as a timeout) and an overall limit (cells left when it runs out are
 recorded as not run), keeps at most a few kilobytes of each cell's printed
@@ -40,6 +43,7 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError  # noqa: E402
 # course_utils and stays light; kernel_side.MIME must stay equal to this.
 MIME = "application/x-course-grade+json"
 
+_ANSI = __import__("re").compile(r"(\x1b|#x1B)\[[0-9;]*[A-Za-z]")
 TEXT_CAP = 4000           # characters of printed output kept per cell
 RECORD_CAP = 64 * 2**20   # bytes of records kept per run
 
@@ -231,6 +235,69 @@ def _cells(client, nb, replies, pid_file, deadline, cell_timeout, timeout):
     return outcome
 
 
+def run_nbval(nb_path, result_path, cwd, cell_timeout=60.0, junit=None):
+    """The checking run: execute the notebook under pytest's nbval plugin (each
+    code cell a test item; a check cell fails when one of its checks does) and
+    collect the records its kernel writes to ``records.jsonl`` beside the result."""
+    import xml.etree.ElementTree as ET
+
+    import pytest
+    nb_path, result_path = Path(nb_path), Path(result_path)
+    n_cells = len(nbformat.read(nb_path, as_version=4).cells)
+    records_path = result_path.with_name("records.jsonl")
+    os.environ["COURSE_GRADE_RECORDS"] = str(records_path)
+    junit = Path(junit) if junit else result_path.with_name("junit.xml")
+    ini = nb_path.parent / "pytest.ini"
+    ini.write_text("[pytest]\n", encoding="utf-8")
+    start = time.monotonic()
+    args = [str(nb_path), "--nbval-lax", "--nbval-current-env", "-p", "nbval.plugin",
+            "-p", "no:cacheprovider", "-c", str(ini), "--rootdir", str(nb_path.parent),
+            f"--nbval-cell-timeout={int(cell_timeout)}", f"--junit-xml={junit}", "-q",
+            "-o", "junit_suite_name=course-grade", "-o", "junit_logging=no"]
+    with contextlib.redirect_stdout(sys.stderr):
+        rc = int(pytest.main(args))
+    cells = [{"status": "not_run", "records": []} for _ in range(n_cells)]
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        root = None
+    for case in (root.iter("testcase") if root is not None else []):
+        name = case.get("name", "")
+        if not name.startswith("Cell ") or not name[5:].isdigit() or int(name[5:]) >= n_cells:
+            continue
+        info = cells[int(name[5:])]
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if case.find("skipped") is not None:
+            info["status"] = "skipped"
+        elif bad is None:
+            info["status"] = "ok"
+        else:
+            text = _ANSI.sub("", (bad.text or bad.get("message") or "")).strip()
+            last = [ln for ln in text.splitlines() if ln.strip()][-1:] or [""]
+            ename, _, evalue = last[0].partition(": ")
+            if not evalue or " " in ename:
+                ename, evalue = "CellError", last[0]
+            info.update(status="error", ename=ename[:200], evalue=evalue[:2000],
+                        traceback=text[-3000:])
+    records, size = [], 0
+    with contextlib.suppress(OSError):
+        with open(records_path, encoding="utf-8") as f:
+            for line in f:
+                size += len(line)
+                if size > RECORD_CAP:
+                    break
+                with contextlib.suppress(ValueError):
+                    rec = json.loads(line)
+                    if isinstance(rec, dict):
+                        records.append(rec)
+    result = {"outcome": "completed" if root is not None else "no report", "pytest_exit": rc,
+              "seconds": round(time.monotonic() - start, 3), "cells": cells, "records": records}
+    write_atomic(result_path, json.dumps(result))
+    return result
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="runner.py")
     ap.add_argument("notebook")
@@ -238,8 +305,14 @@ def main(argv=None):
     ap.add_argument("--cwd", required=True)
     ap.add_argument("--cell-timeout", type=float, default=60.0)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--nbval", action="store_true",
+                    help="run under pytest --nbval (the checking run)")
+    ap.add_argument("--junit-xml", default=None)
     a = ap.parse_args(argv)
-    run(a.notebook, a.result, a.cwd, a.cell_timeout, a.timeout)
+    if a.nbval:
+        run_nbval(a.notebook, a.result, a.cwd, a.cell_timeout, a.junit_xml)
+    else:
+        run(a.notebook, a.result, a.cwd, a.cell_timeout, a.timeout)
     return 0
 
 

@@ -1,7 +1,10 @@
 """Finding submissions and reading the answer cells out of them.
 
 A submission is only ever opened for reading, once, as bytes; nothing is
-executed from it and nothing is written next to it. From a readable notebook
+executed from it and nothing is written next to it. It is opened without
+following symbolic links (``O_NOFOLLOW``, every folder on the way checked too),
+and only when it is a regular file whose real path lies inside the submissions
+folder: a link to the solution notebook, a FIFO or a device is refused. From a readable notebook
 the grader takes the source of each answer cell, matched by its stable id
 (``ex-<id>-answer``), and nothing else: stored outputs, metadata, tags, check
 cells and every other cell are ignored (and noted in the feedback when they
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +27,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9._@+-]")
 @dataclass
 class Submission:
     student: str
-    path: Path
+    path: Path | None
     sha256: str = ""
     answers: dict = field(default_factory=dict)   # exercise id -> source
     problems: dict = field(default_factory=dict)  # exercise id -> why it has no answer
@@ -48,8 +53,13 @@ def discover(source, assignment: str):
         return [(src.stem, src)], notes
     if (src / "submitted").is_dir():
         src = src / "submitted"
-    subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-    files = sorted(p for p in src.iterdir() if p.is_file() and p.suffix == ".ipynb")
+    subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.is_symlink()
+                     and not p.name.startswith("."))
+    files = sorted(p for p in src.iterdir() if p.suffix == ".ipynb" and not p.name.startswith(".")
+                   and (p.is_symlink() or p.is_file()))
+    linked = sorted(p.name for p in src.iterdir() if p.is_symlink() and p.suffix != ".ipynb")
+    if linked:
+        notes.append(f"skipped symbolic links: {', '.join(linked[:20])}")
     out = [(p.stem, p) for p in files]
     for d in subdirs:
         if d.name.startswith(".") or d.name == ".ipynb_checkpoints":
@@ -79,13 +89,16 @@ def discover(source, assignment: str):
 
 def _nbgrader_notebook(student_dir: Path, assignment: str):
     cands = [student_dir / assignment] if (student_dir / assignment).is_dir() else \
-        [p for p in student_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        [p for p in student_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
+         and not p.is_symlink()]
     if not cands:
         return f"no {assignment}/ folder in {student_dir}"
     if len(cands) > 1:
         return (f"{len(cands)} assignment folders and none named {assignment}: "
                 + ", ".join(sorted(p.name for p in cands)))
-    nbs = sorted(p for p in cands[0].glob("*.ipynb"))
+    if cands[0].is_symlink():
+        return f"{cands[0]} is a symbolic link; submissions are read only from real folders"
+    nbs = sorted(p for p in cands[0].glob("*.ipynb") if p.is_symlink() or p.is_file())
     named = [p for p in nbs if p.stem == assignment]
     if named:
         return named[0]
@@ -102,21 +115,64 @@ def _source(cell) -> str | None:
     return s if isinstance(s, str) else None
 
 
-def read(student: str, path: Path | None, exercises) -> Submission:
-    """Read one submission (read-only) and pull out its answer cells."""
+def open_no_follow(path: Path, root: Path | None = None) -> bytes:
+    """The bytes of ``path``, a regular file inside ``root``, read without
+    following a symbolic link anywhere on the way. Raises ``OSError`` (with a
+    message for the student's feedback) otherwise."""
+    path = Path(path)
+    top = root if root is not None else path.parent
+    # every component below the submissions folder must be a real folder / file
+    try:
+        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(top))
+    except ValueError:
+        rel = Path(path.name)
+    cur = Path(os.path.abspath(top))
+    for part in rel.parts:
+        cur = cur / part
+        if cur.is_symlink():
+            raise OSError(f"{cur.name} is a symbolic link; links are not followed")
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(top))
+    if real != top and top not in real.parents:
+        raise OSError(f"the file resolves to {real}, outside the submissions folder")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError("not a regular file")
+        if st.st_size > MAX_SUBMISSION_BYTES:
+            raise OSError(f"the file is {st.st_size / 2**20:.0f} MiB, over the "
+                          f"{MAX_SUBMISSION_BYTES // 2**20} MiB limit")
+        chunks, left = [], MAX_SUBMISSION_BYTES + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        raw = b"".join(chunks)
+        if len(raw) > MAX_SUBMISSION_BYTES:
+            raise OSError("the file grew past the size limit while it was read")
+        return raw
+    finally:
+        os.close(fd)
+
+
+def read(student: str, path: Path | None, exercises, root: Path | None = None) -> Submission:
+    """Read one submission (read-only, see :func:`open_no_follow`) and pull out its
+    answer cells."""
     sub = Submission(student, path)
     if path is None:
         sub.invalid = "no notebook found for this student"
         return sub
     try:
-        size = path.stat().st_size
-        if size > MAX_SUBMISSION_BYTES:
-            sub.invalid = f"the file is {size / 2**20:.0f} MiB, over the {MAX_SUBMISSION_BYTES // 2**20} MiB limit"
-            return sub
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = open_no_follow(path, root)
     except OSError as e:
-        sub.invalid = f"could not read the file ({e.strerror})"
+        why = e.strerror if e.strerror else str(e)
+        if getattr(e, "errno", None) == getattr(__import__("errno"), "ELOOP", -1):
+            why = "the submission is a symbolic link; links are not followed"
+        sub.invalid = f"could not read the file ({why})"
         return sub
     sub.sha256 = hashlib.sha256(raw).hexdigest()
     try:
@@ -126,6 +182,9 @@ def read(student: str, path: Path | None, exercises) -> Submission:
         return sub
     except json.JSONDecodeError as e:
         sub.invalid = f"not a notebook: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        return sub
+    except RecursionError:
+        sub.invalid = "not a notebook: the JSON is nested too deeply to read"
         return sub
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         sub.invalid = "not a notebook: the JSON has no list of cells"

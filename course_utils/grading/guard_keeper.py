@@ -1,0 +1,232 @@
+"""Keeps the course's guards in force in a graded kernel, whatever answer code does.
+
+A check cell runs an answer under ``course_utils.guards`` (``guards.run_answer``
+or ``with guards.forbid(...)``), which makes calls of the things an exercise
+forbids raise ``guards.ForbiddenCall``. An answer cell runs in the same process
+and could switch that off: rebind ``guards.forbid`` to a no-op, empty the table
+of forbidden groups, patch ``TorchFunctionMode`` or torch's function-mode stack
+helpers, or rebind the grading hooks themselves.
+
+Before each answer cell runs, and again before each call the template makes to
+an answer function, :func:`snapshot` records all of those (the guard module's
+namespace, one level into its tables; its classes' attributes; torch's
+function-mode machinery; the grading hooks). :func:`check_and_restore`, after
+the cell or the call, compares the live objects with the snapshot, puts back
+whatever differs and returns what did; the kernel-side hooks ship what it
+found, so the grader scores that exercise zero with a line that says what was
+changed. Changes the template itself makes between answer cells (a guard that
+sets itself up on first use) are not the answer's, and are not reported. The references used for
+the comparison are the captured ones, so rebinding a module attribute cannot
+hide a change. It works for any forbid groups a check cell names, since it
+protects the guard as a whole rather than a list of groups.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+_SNAP: dict = {}
+_CONTAINERS = (dict, list, set, frozenset, tuple)
+_TORCH_C = ("_push_on_torch_function_stack", "_pop_torch_function_stack",
+            "_len_torch_function_stack", "_get_function_stack_at",
+            "_is_torch_function_mode_enabled", "DisableTorchFunction",
+            "DisableTorchFunctionSubclass", "_disabled_torch_function_impl")
+_OVERRIDES = ("TorchFunctionMode", "BaseTorchFunctionMode", "_get_current_function_mode",
+              "_get_current_function_mode_stack", "_pop_mode", "_pop_mode_temporarily",
+              "_push_mode", "handle_torch_function", "has_torch_function",
+              "_get_function_stack_at", "_len_torch_function_stack",
+              "_pop_torch_function_stack", "_push_on_torch_function_stack")
+_TABLES = ("course_utils.guards", "course_utils.checks")
+_MODULES = ("course_utils.guards", "course_utils.checks", "course_utils.grading.kernel_side",
+            "course_utils.grading.guard_keeper", "course_utils.grading.codec")
+
+
+def _copy(v):
+    if isinstance(v, threading.local):
+        return dict(vars(v))
+    if type(v) is dict:
+        return dict(v)
+    if type(v) in (list, set):
+        return type(v)(v)
+    return v
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, threading.local):
+        a = vars(a)
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    if type(a) in (set, frozenset):
+        return a == b
+    return a is b
+
+
+def _targets():
+    """``[(label, namespace)]`` of the things to keep: module dicts and class dicts."""
+    import torch
+    import torch.overrides as ov
+    out = []
+    for name in _MODULES:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        out.append((name, vars(mod)))
+        for attr, v in list(vars(mod).items()):
+            if isinstance(v, type) and getattr(v, "__module__", None) == name:
+                out.append((f"{name}.{attr}", v))
+    out.append(("torch._C", {k: getattr(torch._C, k) for k in _TORCH_C if hasattr(torch._C, k)}))
+    out.append(("torch.overrides", {k: getattr(ov, k) for k in _OVERRIDES if hasattr(ov, k)}))
+    for cls in (getattr(ov, "TorchFunctionMode", None), getattr(ov, "BaseTorchFunctionMode", None)):
+        if isinstance(cls, type):
+            out.append((f"torch.overrides.{cls.__name__}", cls))
+    return out
+
+
+def capture():
+    """Import what is to be kept (in a fresh kernel, before any answer cell runs) and
+    take the first snapshot."""
+    import torch  # noqa: F401 - the function-mode machinery must exist to be kept
+    try:
+        import course_utils.guards  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        import course_utils.checks  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
+    _SNAP.clear()
+    _SNAP.update(snapshot())
+
+
+def snapshot() -> dict:
+    snap = {}
+    for label, ns in _targets():
+        if isinstance(ns, type):
+            owner, items = ns, dict(vars(ns))
+        else:
+            owner, items = None, dict(ns)
+        # contents are kept for the tables (UPPER_CASE names) of a module, and for
+        # everything of a class; other module state (caches, the grading records) may
+        # change as it runs, so only what each name is bound to is kept
+        snap[label] = (owner, ns if owner is None else None,
+                       {k: (v, _copy(v) if owner is not None or (
+                           k.isupper() and label in _TABLES) else v)
+                        for k, v in items.items()})
+    snap["__code__"] = (None, None, _course_code())
+    snap["__modules__"] = (None, None, {n: (sys.modules.get(n), None) for n in _MODULES})
+    snap["__torch_attrs__"] = (None, None, _torch_attrs())
+    return snap
+
+
+def _torch_attrs():
+    import torch
+    import torch.overrides as ov
+    return {f"torch._C.{k}": (getattr(torch._C, k), None) for k in _TORCH_C if hasattr(torch._C, k)} | \
+        {f"torch.overrides.{k}": (getattr(ov, k), None) for k in _OVERRIDES if hasattr(ov, k)}
+
+
+def _course_code():
+    """The code of every function, and the ``run`` of every Triton kernel, that the
+    course's modules define: ``forbid`` swaps them while it is on, and an answer must
+    not swap them back (or anything else) itself."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("course_utils.") or name.startswith("course_utils.grading") \
+                or mod is None:
+            continue
+        for attr, v in list(vars(mod).items()):
+            if isinstance(v, types.FunctionType) and getattr(v, "__module__", None) == name:
+                out[f"{name}.{attr}"] = (v, v.__code__)
+            elif type(v).__name__ in ("JITFunction", "InterpretedFunction") and \
+                    isinstance(getattr(v, "__dict__", None), dict):
+                out[f"{name}.{attr}.run"] = (v, vars(v).get("run", _MISSING))
+    return out
+
+
+def check_and_restore(snap: dict | None = None) -> list:
+    """What differs from ``snap`` (default: the last :func:`capture`), by name,
+    each put back as it was."""
+    snap = _SNAP if snap is None else snap
+    if not snap:
+        return []
+    import torch
+    import torch.overrides as ov
+    changed = []
+    for label, (owner, ns, items) in list(snap.items()):
+        if label == "__code__":
+            for name, (obj, held) in items.items():
+                if name.endswith(".run"):
+                    cur = vars(obj).get("run", _MISSING)
+                    if cur is not held:
+                        changed.append(name)
+                        if held is _MISSING:
+                            vars(obj).pop("run", None)
+                        else:
+                            vars(obj)["run"] = held
+                elif obj.__code__ is not held:
+                    changed.append(f"{name}.__code__")
+                    obj.__code__ = held
+            continue
+        if label == "__modules__":
+            for name, (mod, _) in items.items():
+                if sys.modules.get(name) is not mod:
+                    changed.append(f"sys.modules[{name!r}]")
+                    if mod is not None:
+                        sys.modules[name] = mod
+            continue
+        if label == "__torch_attrs__":
+            for name, (obj, _) in items.items():
+                mod, attr = (torch._C, name[9:]) if name.startswith("torch._C.") else \
+                    (ov, name[len("torch.overrides."):])
+                if getattr(mod, attr, None) is not obj:
+                    changed.append(name)
+                    setattr(mod, attr, obj)
+            continue
+        if label in ("torch._C", "torch.overrides"):
+            continue  # kept through __torch_attrs__
+        live = dict(vars(owner)) if owner is not None else ns
+        for k, (obj, content) in items.items():
+            cur = live.get(k, _MISSING)
+            if cur is not obj or (content is not obj and not _same(cur, content)):
+                changed.append(f"{label}.{k}")
+                _restore(owner, ns, k, obj, content)
+        if owner is None:
+            continue
+        for k in [k for k in live if k not in items and not k.startswith("_abc")]:
+            changed.append(f"{label}.{k} (added)")
+            try:
+                delattr(owner, k)
+            except (TypeError, AttributeError):
+                pass
+    return changed
+
+
+def _restore(owner, ns, k, obj, content):
+    if isinstance(obj, threading.local) and type(content) is dict:
+        vars(obj).clear()
+        vars(obj).update(content)
+    elif type(obj) is dict and content is not obj:
+        obj.clear()
+        obj.update(content)
+    elif type(obj) in (list, set) and content is not obj:
+        obj.clear()
+        (obj.extend if type(obj) is list else obj.update)(content)
+    if owner is not None:
+        try:
+            setattr(owner, k, obj)
+        except (TypeError, AttributeError):
+            pass
+    else:
+        ns[k] = obj
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()

@@ -1,0 +1,272 @@
+"""The sandbox every graded kernel runs in (the student's and the checking one).
+
+What Linux offers is detected once per class and used; what is missing is
+reported, never assumed (the score table's ``isolation`` says which was in force):
+
+* **namespaces** (``unshare --user --map-root-user --pid --mount --net``): the
+  run sees its own processes only, and everything it starts dies with it (the
+  first process of a pid namespace takes the rest with it; ``--kill-child``
+  ties that process to the grader's handle). The course checkout, the
+  submissions, the output folder, the grader's scratch space, the user's home,
+  ``/tmp`` and ``/dev/shm`` are covered by empty folders; the Python
+  installation comes back read-only and the run's own folder read-write. Its
+  network is a private loopback.
+* **Landlock**: file access limited to an allow-list (system and Python
+  folders and the staged course package read-only; the run's folder, ``/tmp``
+  and ``/dev`` writable); where the kernel has signal scoping (ABI 6+), no
+  signal reaches a process outside the sandbox.
+* **limits**, always: a session and process group of its own, resource limits
+  (private memory, file size, CPU time, processes, no core files), a fresh environment
+  with its own ``HOME``, IPython and Jupyter folders, and a marker variable
+  by which any process that left the group (``setsid``) is found and killed.
+
+The kernel imports ``course_utils`` from a private staged copy of the package
+(no ``solutions/``, ``tests/`` or other file of the checkout), never from the
+checkout.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from course_utils.grading import sandbox_exec
+
+PACKAGE = Path(__file__).resolve().parents[1]          # course_utils/
+UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+           "--mount", "--mount-proc", "--net"]
+MARKER = "COURSE_GRADE_RUN"
+LEVELS = ("auto", "namespaces", "landlock", "limits")
+_PASS_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+             "TRITON_INTERPRET", "CUDA_HOME")
+
+
+class SandboxError(RuntimeError):
+    """The isolation asked for is not available here."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    namespaces: bool
+    landlock: int          # Landlock ABI version in force, 0 for none
+
+    def describe(self) -> str:
+        parts = []
+        if self.namespaces:
+            parts.append("user+pid+mount+net namespaces")
+        if self.landlock:
+            parts.append(f"Landlock ABI {self.landlock}"
+                         + (" with signal scoping" if self.landlock >= 6 else ""))
+        parts.append("rlimits, own session, fresh HOME and environment")
+        return "; ".join(parts)
+
+
+_probe_cache: dict = {}
+
+
+def _namespaces_work() -> bool:
+    if "ns" not in _probe_cache:
+        try:
+            r = subprocess.run(UNSHARE + [sys.executable, "-c", "pass"], capture_output=True,
+                               timeout=60, stdin=subprocess.DEVNULL)
+            _probe_cache["ns"] = r.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _probe_cache["ns"] = False
+    return _probe_cache["ns"]
+
+
+def detect(level: str = "auto") -> Isolation:
+    """The isolation to grade with. ``auto``: all that works here; ``namespaces``
+    or ``landlock``: that one (and Landlock too where it exists), or an error;
+    ``limits``: process limits, session and environment only."""
+    if level not in LEVELS:
+        raise SandboxError(f"isolation: expected one of {', '.join(LEVELS)}, got {level!r}")
+    ll = sandbox_exec.landlock_abi() if sys.platform.startswith("linux") else 0
+    if level == "limits":
+        return Isolation(False, 0)
+    if level == "landlock":
+        if not ll:
+            raise SandboxError("isolation 'landlock': this Linux kernel has no Landlock")
+        return Isolation(False, ll)
+    ns = sys.platform.startswith("linux") and shutil.which("unshare") is not None \
+        and _namespaces_work()
+    if level == "namespaces" and not ns:
+        raise SandboxError("isolation 'namespaces': `unshare --user --pid --mount --net` does "
+                           "not work here (run the grader in a container, see the README)")
+    return Isolation(ns, ll)
+
+
+def _nproc_in_use() -> int:
+    uid = os.getuid()
+    n = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{d}").st_uid == uid:
+                    n += 1
+    return n
+
+
+class Sandbox:
+    """One class run's sandbox: the staged package, what to hide, the limits."""
+
+    def __init__(self, scratch: Path, hide, isolation: Isolation, *, memory_mb: int = 8192,
+                 cpu_seconds: float = 1200):
+        self.scratch = Path(scratch)
+        self.isolation = isolation
+        self.stage = self.scratch / "stage"
+        shutil.copytree(PACKAGE, self.stage / "course_utils",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        home = os.path.expanduser("~")
+        self.hide = sorted({str(Path(p).resolve()) for p in hide if p} |
+                           {str(self.scratch.resolve()), "/tmp", "/dev/shm",
+                            str(Path(home).resolve()) if home not in ("/", "") else "/tmp"})
+        self.python = sys.executable
+        self.readable = sorted({os.path.realpath(p) for p in (
+            sys.prefix, sys.base_prefix, sys.exec_prefix, self.stage)} |
+            {sys.prefix, sys.base_prefix, str(self.stage)})
+        self.memory = int(memory_mb) * 2**20
+        self.cpu = int(cpu_seconds)
+        self._live = {}                     # pid -> marker token of each run in progress
+        self._lock = threading.Lock()
+
+    def _limits(self):
+        lim = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": 2**30, "RLIMIT_CPU": self.cpu,
+               "RLIMIT_NOFILE": 4096}
+        if self.memory > 0:
+            # private writable memory: CUDA's address-space reservations do not count
+            lim["RLIMIT_DATA"] = self.memory
+        # processes are counted per user across the machine: allow this many more
+        lim["RLIMIT_NPROC"] = _nproc_in_use() + 256
+        return lim
+
+    def command(self, job_dir: Path, argv: list, cwd: Path):
+        """``(cmd, token)``: start ``argv`` (run by the sandbox's Python) in the sandbox."""
+        job_dir = Path(job_dir).resolve()
+        token = secrets.token_hex(12)
+        home = job_dir / "home"
+        for d in ("home", "tmp"):
+            (job_dir / d).mkdir(exist_ok=True)
+        tmp = "/tmp" if self.isolation.namespaces else str(job_dir / "tmp")
+        env = {"PATH": os.pathsep.join([str(Path(self.python).parent), "/usr/local/bin",
+                                        "/usr/bin", "/bin"]),
+               "HOME": str(home), "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8",
+               "TMPDIR": tmp, "IPYTHONDIR": str(home / ".ipython"),
+               "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
+               "JUPYTER_DATA_DIR": str(home / ".local" / "share" / "jupyter"),
+               "JUPYTER_RUNTIME_DIR": str(home / ".local" / "share" / "jupyter" / "runtime"),
+               "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_ALLOW_INSECURE_WRITES": "1",
+               "MPLCONFIGDIR": str(home / ".matplotlib"), "MPLBACKEND": "Agg",
+               "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
+               "TRITON_CACHE_DIR": str(home / ".triton"), "PYTHONPATH": str(self.stage),
+               "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+               MARKER: token}
+        env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
+        cfg = {"namespaces": self.isolation.namespaces, "hide": self.hide,
+               "keep": [[p, False] for p in self.readable] + [[str(job_dir), True]],
+               "landlock": bool(self.isolation.landlock),
+               "landlock_ro": ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc",
+                               "/proc", "/sys"] + self.readable,
+               "landlock_rw": [str(job_dir), "/dev"] + (["/tmp"] if self.isolation.namespaces
+                                                         else []),
+               "rlimits": self._limits(), "cwd": str(cwd), "env": env,
+               "argv": [self.python] + [str(a) for a in argv]}
+        cfg_path = job_dir / "sandbox.json"
+        cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
+        entry = self.stage / "course_utils" / "grading" / "sandbox_exec.py"
+        cmd = (UNSHARE if self.isolation.namespaces else []) + \
+            [self.python, "-I", "-S", str(entry), str(cfg_path)]
+        return cmd, token
+
+    def run(self, job_dir: Path, argv: list, cwd: Path, log: Path, wall: float) -> bool:
+        """Run ``argv`` in the sandbox and wait; kill everything it started at the end
+        (or at ``wall`` seconds). Returns False when it had to be killed."""
+        cmd, token = self.command(job_dir, argv, cwd)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        with self._lock:
+            self._live[proc.pid] = token
+        finished = True
+        try:
+            proc.wait(timeout=wall)
+        except subprocess.TimeoutExpired:
+            finished = False
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=30)
+            sweep(token)
+            with self._lock:
+                self._live.pop(proc.pid, None)
+        return finished
+
+    def kill_all(self):
+        """Stop every run still in progress (after an interruption) and all it started."""
+        with self._lock:
+            live = dict(self._live)
+        for pid, token in live.items():
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            sweep(token)
+
+
+def sweep(token: str, passes: int = 5) -> list:
+    """Kill every process that carries this run's marker (one that left its
+    process group with ``setsid``, or that a pid namespace did not hold).
+    Returns the pids killed."""
+    needle = f"{MARKER}={token}".encode()
+    killed = []
+    for _ in range(passes):
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(d))
+            except OSError:
+                continue
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        killed += found
+        time.sleep(0.05)
+    return killed
+
+
+def marked_processes(tokens=None) -> list:
+    """Pids of live processes carrying any grading marker (for tests and checks)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{d}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+        except (OSError, IndexError):
+            continue
+        for item in env:
+            if item.startswith(MARKER.encode() + b"=") and (
+                    tokens is None or item.split(b"=", 1)[1].decode() in tokens):
+                out.append(int(d))
+    return out

@@ -1,0 +1,188 @@
+"""Enter the sandbox of one graded run, then become the runner.
+
+    python sandbox_exec.py CONFIG.json
+
+Started by the grader (see :mod:`course_utils.grading.sandbox`), either as the
+first process of fresh user, pid, mount and network namespaces (``unshare``)
+or, where those are not available, as a plain child in a session of its own.
+Standard library only: it runs before anything of the course is importable.
+In order it:
+
+1. (namespaces) makes every mount private, lays an empty ``tmpfs`` over each
+   hidden path (the course checkout, the submissions, the output folder, the
+   grader's scratch space, the user's home, ``/tmp``, ``/dev/shm``), binds back
+   the few paths the run needs at their own names (the Python installation
+   read-only, the run's own folder read-write), and brings up the loopback
+   interface of its private network;
+2. sets the resource limits (private memory, file size, CPU time, processes,
+   core files);
+3. (Landlock) restricts file access to an allow-list (read-only: system and
+   Python folders and the staged course package; read-write: the run's folder,
+   ``/tmp``, ``/dev``) and, where the kernel supports it, forbids signalling any
+   process outside the sandbox;
+4. changes to the run's folder and ``exec``s the command with the run's own
+   environment (fresh ``HOME``, IPython and Jupyter folders).
+
+Every step that is asked for and fails stops the run: a sandbox is never
+silently weaker than the one the score table reports.
+"""
+import ctypes
+import ctypes.util
+import json
+import os
+import resource
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
+    1, 2, 4, 32, 4096, 16384, 1 << 18
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _mount(src, target, fstype, flags, data=None):
+    enc = (lambda s: s.encode() if isinstance(s, str) else s)
+    if _libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {src} on {target}: {os.strerror(err)}")
+
+
+def _under(path, parent):
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def hide_and_bind(hide, keep):
+    """``hide``: folders covered by an empty tmpfs. ``keep``: ``[(path, writable)]``
+    made visible again at their own path, even inside a hidden folder."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    fds = []
+    for path, writable in keep:
+        if os.path.exists(path):
+            fds.append((path, writable, os.open(path, os.O_PATH | os.O_CLOEXEC)))
+    covered = []
+    for path in sorted(set(hide), key=lambda p: p.count("/")):
+        if not os.path.isdir(path) or any(_under(path, c) for c in covered):
+            continue
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=1g,mode=1777")
+        covered.append(path)
+    for path, writable, fd in fds:
+        if any(_under(path, c) for c in covered):
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                open(path, "a").close()
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            if not writable:
+                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+        os.close(fd)
+
+
+def loopback_up():
+    import fcntl
+    import socket
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, ifr)[:18])[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 0x1 | 0x40))  # SIOCSIFFLAGS
+    finally:
+        s.close()
+
+
+def set_limits(limits):
+    for name, value in limits.items():
+        res = getattr(resource, name)
+        soft, hard = resource.getrlimit(res)
+        value = int(value)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(res, (value, value))
+
+
+# ------------------------------------------------------------------ Landlock
+_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446
+_PATH_BENEATH = 1
+_FS = {  # access rights of each Landlock ABI version
+    "EXECUTE": 1 << 0, "WRITE_FILE": 1 << 1, "READ_FILE": 1 << 2, "READ_DIR": 1 << 3,
+    "REMOVE_DIR": 1 << 4, "REMOVE_FILE": 1 << 5, "MAKE_CHAR": 1 << 6, "MAKE_DIR": 1 << 7,
+    "MAKE_REG": 1 << 8, "MAKE_SOCK": 1 << 9, "MAKE_FIFO": 1 << 10, "MAKE_BLOCK": 1 << 11,
+    "MAKE_SYM": 1 << 12, "REFER": 1 << 13, "TRUNCATE": 1 << 14, "IOCTL_DEV": 1 << 15}
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    abi = _libc.syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(int(abi), 0)
+
+
+def landlock(read_only, read_write):
+    abi = landlock_abi()
+    if abi < 1:
+        raise OSError("Landlock is not available")
+    every = 0
+    for i, bit in enumerate(_FS.values()):
+        if i <= 12 or (i == 13 and abi >= 2) or (i == 14 and abi >= 3) or (i == 15 and abi >= 5):
+            every |= bit
+    ro = _FS["EXECUTE"] | _FS["READ_FILE"] | _FS["READ_DIR"]
+    attr = _RulesetAttr(every, 0, (_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET) if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 16 if abi >= 4 else 8
+    fd = _libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        for paths, access in ((read_only, ro), (read_write, every)):
+            for path in paths:
+                if not os.path.exists(path):
+                    continue
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                try:
+                    allowed = access if os.path.isdir(path) else access & (
+                        _FS["EXECUTE"] | _FS["READ_FILE"] | _FS["WRITE_FILE"]
+                        | (_FS["TRUNCATE"] if abi >= 3 else 0) | (_FS["IOCTL_DEV"] if abi >= 5 else 0))
+                    rule = _PathBeneath(allowed & every, pfd)
+                    if _libc.syscall(_SYS_ADD_RULE, fd, _PATH_BENEATH, ctypes.byref(rule),
+                                     ctypes.c_uint32(0)) != 0:
+                        raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
+                finally:
+                    os.close(pfd)
+        if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if _libc.syscall(_SYS_RESTRICT, fd, ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(fd)
+    return abi
+
+
+def main(config_path):
+    with open(config_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    os.unlink(config_path)
+    if cfg.get("namespaces"):
+        hide_and_bind(cfg["hide"], [(p, bool(w)) for p, w in cfg["keep"]])
+        loopback_up()
+    set_limits(cfg.get("rlimits", {}))
+    if cfg.get("landlock"):
+        landlock(cfg["landlock_ro"], cfg["landlock_rw"])
+    os.chdir(cfg["cwd"])
+    argv = cfg["argv"]
+    os.execve(argv[0], argv, cfg["env"])
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1])
+    except BaseException as e:  # noqa: BLE001 - say why, then fail the run
+        print(f"sandbox: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(121)

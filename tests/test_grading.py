@@ -12,7 +12,6 @@ import io
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import time

@@ -3,11 +3,11 @@
 # in ten minutes on an H100:
 #
 #     bash benchmarks/gpu_verify.sh kernels  [LOG_DIR]   # doctor, kernels at real sizes,
-#                                                         # GPU-marked tests, every lesson
-#                                                         # under nbval
-#     bash benchmarks/gpu_verify.sh problems [LOG_DIR]   # every solution under nbval, every
-#                                                         # exercise must fail its checks, every
-#                                                         # problem set graded by course-grade
+#                                                         # GPU-marked tests
+#     bash benchmarks/gpu_verify.sh problems [LOG_DIR]   # every lesson and solution under
+#                                                         # nbval, every exercise must fail its
+#                                                         # checks, every problem set graded by
+#                                                         # course-grade (with its wrong answers)
 #     bash benchmarks/gpu_verify.sh site     [LOG_DIR]   # every lesson executed alone on the
 #                                                         # GPU and saved with its outputs
 #     bash benchmarks/gpu_verify.sh all      [LOG_DIR]
@@ -57,7 +57,7 @@ step() {
     summary+=("$(printf '%-22s %-6s %4ss  %s' "$name" "$([ $rc = 0 ] && echo ok || echo FAIL:$rc)" $((SECONDS - t0)) "$*")")
     tail -n 3 "$logs/$name.log"
 }
-nb="-p no:cacheprovider -q -n 4 --dist loadfile --nbval-cell-timeout 300"
+nb="-p no:cacheprovider -q -n 8 --dist loadfile --nbval-cell-timeout 300"
 if [ "$part" = kernels ] || [ "$part" = all ]; then
     step doctor python3 -m course_utils doctor
     step attention env COURSE_TRITON_AUTOTUNE=0 python3 benchmarks/gpu_check_attention.py
@@ -65,7 +65,6 @@ if [ "$part" = kernels ] || [ "$part" = all ]; then
     step pytest_gpu python3 -m pytest -q -p no:cacheprovider -m "gpu or hopper" tests --ignore=tests/browser
     step decode python3 benchmarks/check_decode_gpu.py
     step hopper python3 benchmarks/check_hopper_gpu.py
-    step nbval_lessons python3 -m pytest --nbval-lax notebooks $nb
 fi
 if [ "$part" = site ] || [ "$part" = all ]; then
     # one lesson at a time, so the timings the lessons print are not shared with another
@@ -73,8 +72,8 @@ if [ "$part" = site ] || [ "$part" = all ]; then
         --jobs 1 --save-executed "$logs/executed"
 fi
 if [ "$part" = problems ] || [ "$part" = all ]; then
-    step nbval_solutions python3 -m pytest --nbval-lax solutions $nb
-    step exercises_fail python3 -m pytest -p no:cacheprovider -q -n 4 tests/test_exercises.py
+    step nbval_lessons_solutions python3 -m pytest --nbval-lax notebooks solutions $nb
+    step exercises_fail python3 -m pytest -p no:cacheprovider -q -n 8 tests/test_exercises.py
     step grading python3 -m pytest -p no:cacheprovider -q -n 4 --dist load \
         tests/test_wrong_answers.py -k "scores_right_and_wrong"
 fi

@@ -153,6 +153,32 @@ def hint_tiers(src: str) -> list[str]:
     return ([first] if first else []) + more
 
 
+_KERNEL_DECORATOR = re.compile(r"^\s*@(triton\.jit|gluon\.jit|jit)\b")
+
+
+def _regions_in_kernels(src: str) -> list[bool]:
+    """For each solution region of a cell: does it lie inside a ``@triton.jit`` (or
+    ``@gluon.jit``) function?"""
+    lines = src.split("\n")
+    out = []
+    for start, _ in _regions(src, BEGIN, END, "cell"):
+        indent = len(lines[start]) - len(lines[start].lstrip())
+        inside = False
+        for j in range(start - 1, -1, -1):
+            line = lines[j]
+            if not line.strip():
+                continue
+            ind = len(line) - len(line.lstrip())
+            if ind < indent and line.lstrip().startswith("def "):
+                k = j - 1
+                while k >= 0 and lines[k].lstrip().startswith("@"):
+                    inside = inside or bool(_KERNEL_DECORATOR.match(lines[k]))
+                    k -= 1
+                break
+        out.append(inside)
+    return out
+
+
 def exercise_source(src: str, exercise: str) -> str:
     """The exercise version of an answer cell."""
     tiers = hint_tiers(src)
@@ -160,7 +186,16 @@ def exercise_source(src: str, exercise: str) -> str:
     msg = f"Exercise {exercise}: {hint}"
     if len(tiers) > 1:
         msg += f" (next hint: hint({exercise!r}))"
-    body = _strip_regions(src, BEGIN, END, lambda ind: [f"{ind}raise NotImplementedError({msg!r})"])
+    in_kernel = _regions_in_kernels(src)
+    count = iter(range(len(in_kernel)))
+
+    def stub(ind):
+        # a compiled Triton kernel cannot raise: there the stub is a compile-time assert
+        # that fails with the same message (the interpreter raises it too)
+        if in_kernel[next(count)]:
+            return [f"{ind}tl.static_assert(False, {msg!r})"]
+        return [f"{ind}raise NotImplementedError({msg!r})"]
+    body = _strip_regions(src, BEGIN, END, stub)
     kept = [line for line in body.split("\n") if not MORE_HINT_RE.match(line)]
     return "\n".join(HINT_RE.sub(r"\1# Hint: \2", line) for line in kept)
 

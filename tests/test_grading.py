@@ -937,3 +937,21 @@ def test_copies_of_course_code_and_of_the_official_answer_are_flagged():
         "the answer cell is the official answer",
         "f is a copy of course_utils.softmax:online_softmax"]
     assert idx.flags("2.1", "# Exercise 2.1\ndef f(x):\n    return x.exp() / x.exp().sum()") == []
+
+
+def test_graded_kernels_see_packages_installed_beside_the_interpreter(tmp_path, monkeypatch):
+    """A ``pip install --target`` folder on the grader's path is passed on to the graded
+    kernels; the course checkout and hidden folders never are."""
+    from course_utils.grading import sandbox
+    lib = tmp_path / "extra"
+    (lib / "nbformat-5.0.dist-info").mkdir(parents=True)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    secret = tmp_path / "secret" / "lib"
+    (secret / "x-1.dist-info").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", sys.path + [str(lib), str(plain), str(secret), str(ROOT),
+                                                 str(ROOT / "solutions")])
+    got = sandbox._library_paths([str(tmp_path / "secret")])
+    assert os.path.realpath(lib) in got
+    assert os.path.realpath(plain) not in got and os.path.realpath(secret) not in got
+    assert not any(p.startswith(os.path.realpath(ROOT)) for p in got)

@@ -128,3 +128,14 @@ def test_every_problem_set_has_graded_cells():
         assert len(ids) == len(set(ids)), f"{path.name} has duplicate cell ids"
         data = json.loads(path.read_text())
         assert data["nbformat"] == 4 and data["nbformat_minor"] >= 5
+
+
+def test_stub_inside_a_triton_kernel_is_a_compile_time_assert():
+    src = ("# Exercise 42.2\n@triton.jit\ndef k(X, n, BLOCK: tl.constexpr):\n"
+           "    ### HINT: mask the lanes past n\n    ### BEGIN SOLUTION\n    pass\n"
+           "    ### END SOLUTION\n\n\ndef wrapper(x):\n    ### BEGIN SOLUTION\n"
+           "    return x\n    ### END SOLUTION\n")
+    out = problems.exercise_source(src, "42.2")
+    assert "    tl.static_assert(False, 'Exercise 42.2: mask the lanes past n')" in out
+    assert "    raise NotImplementedError('Exercise 42.2: mask the lanes past n')" in out
+    assert problems._regions_in_kernels(src) == [True, False]

@@ -116,6 +116,30 @@ def _nproc_in_use() -> int:
     return n
 
 
+def _library_paths(hidden) -> list[str]:
+    """Folders on the grader's own ``sys.path`` that hold installed packages outside the
+    interpreter's prefix (a ``pip install --target`` folder on PYTHONPATH, say): the
+    graded kernels need them too. The course checkout (with its solutions) and anything
+    hidden from students are never among them."""
+    checkout = os.path.realpath(PACKAGE.parent)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    out = []
+    for entry in sys.path:
+        if not entry:
+            continue
+        real = os.path.realpath(entry)
+        if not os.path.isdir(real) or real in out:
+            continue
+        inside = lambda top: real == top or real.startswith(top.rstrip(os.sep) + os.sep)  # noqa: E731
+        if inside(checkout) or any(inside(p) for p in prefixes):
+            continue
+        if any(inside(os.path.realpath(h)) for h in hidden if h not in ("/tmp", "/dev/shm")) \
+                or not any(f.endswith((".dist-info", ".egg-info")) for f in os.listdir(real)):
+            continue                      # only folders that hold installed distributions
+        out.append(real)
+    return out
+
+
 class Sandbox:
     """One class run's sandbox: the staged package, what to hide, the limits."""
 
@@ -131,9 +155,10 @@ class Sandbox:
                            {str(self.scratch.resolve()), "/tmp", "/dev/shm",
                             str(Path(home).resolve()) if home not in ("/", "") else "/tmp"})
         self.python = sys.executable
+        self.libraries = _library_paths(self.hide)
         self.readable = sorted({os.path.realpath(p) for p in (
             sys.prefix, sys.base_prefix, sys.exec_prefix, self.stage)} |
-            {sys.prefix, sys.base_prefix, str(self.stage)})
+            {sys.prefix, sys.base_prefix, str(self.stage)} | set(self.libraries))
         self.memory = int(memory_mb) * 2**20
         self.cpu = int(cpu_seconds)
         self._live = {}                     # pid -> marker token of each run in progress
@@ -167,7 +192,7 @@ class Sandbox:
                "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_ALLOW_INSECURE_WRITES": "1",
                "MPLCONFIGDIR": str(home / ".matplotlib"), "MPLBACKEND": "Agg",
                "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
-               "TRITON_CACHE_DIR": str(home / ".triton"), "PYTHONPATH": str(self.stage),
+               "TRITON_CACHE_DIR": str(home / ".triton"), "PYTHONPATH": os.pathsep.join([str(self.stage)] + self.libraries),
                "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",

@@ -308,6 +308,11 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
     q = torch.randn(B, H, nq, D, generator=g) * logit_scale
     k = torch.randn(B, H, nk, D, generator=g)
     v = torch.randn(B, H, nk, D, generator=g)
+    if logit_scale > 1:
+        # large logits must overflow an exponential without the running max on every
+        # draw: key 0 (visible to every query) gets a score of 120 with the last query
+        qi = q[:, :, -1, :]
+        k[:, :, 0, :] = qi * (120.0 * D ** 0.5 / (qi * qi).sum(-1, keepdim=True))
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     want = attention_reference(q, k, v, is_causal=is_causal)          # before the answer runs
     kk, vv = k.clone(), v.clone()

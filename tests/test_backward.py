@@ -240,63 +240,8 @@ def test_flash_attention_rejects_bad_input_before_the_forward():
     assert FlashAttentionFunction.apply(q, k, v, False, None, None, None).shape == q.shape
 
 
-# ----------------------------------------------------------------- problem set checks can fail
-
-def _solution_cells():
-    import nbformat
-    from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "solutions" / "05_backward_pass.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    ns, checks = {}, {}
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        meta = cell.metadata.get("course", {})
-        if meta.get("role") == "check":
-            checks[meta["exercise"]] = cell.source
-        exec(compile(cell.source, f"{path.name}:{cell.id}", "exec"), ns)
-    return ns, checks
-
-
-def _wrong_answers(ns):
-    t = torch
-
-    def tile_no_lse(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-        p = t.exp(scale * q_i @ k_j.T)                     # forgot to subtract lse
-        ds = p * (do_i @ v_j.T - D_i[:, None])
-        return dq_i + scale * ds @ k_j, dk_j + scale * ds.T @ q_i, dv_j + p.T @ do_i
-
-    def tile_no_accumulate(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-        p = t.exp(scale * q_i @ k_j.T - lse_i[:, None])
-        ds = p * (do_i @ v_j.T - D_i[:, None])
-        return scale * ds @ k_j, scale * ds.T @ q_i, p.T @ do_i   # dropped the running sums
-
-    return {
-        "5.1": [{"row_dot": lambda o, do: (do * o).sum(-2)},
-                {"row_dot": lambda o, do: (do * o).mean(-1)}],
-        "5.2": [{"grads_through_pv": lambda p, v, do: (p.transpose(-1, -2) @ do, do @ v.transpose(-1, -2))},
-                {"grads_through_pv": lambda p, v, do: (do @ v.transpose(-1, -2), p.transpose(-1, -2) @ do / 2)}],
-        "5.3": [{"grad_scores": lambda p, dp, D: p * (dp - D[None, :])},
-                {"grad_scores": lambda p, dp, D: p * dp}],
-        "5.4": [{"grads_through_scores": lambda ds, q, k, s: (ds @ k, ds.transpose(-1, -2) @ q)}],
-        "5.5": [{"tile_update": tile_no_lse}, {"tile_update": tile_no_accumulate}],
-        "5.6": [{"k_reads_with": 4096 * 128, "k_reads_without": 4096 * 128, "o_reads_with": 4096 * 128},
-                {"k_reads_with": 4096 * 128, "k_reads_without": 2 * 4096 * 128, "o_reads_with": 0}],
-        "5.7": [{"row_wise": {"dQ": "outer", "dK": "inner", "dV": "inner"},
-                 "column_wise": {"dQ": "inner", "dK": "outer", "dV": "outer"}}],
-    }
-
-
-def test_problem_set_checks_reject_wrong_answers():
-    from course_utils.checks import CheckFailed
-    ns, checks = _solution_cells()          # the solution passes its own checks
-    wrong = _wrong_answers(ns)
-    assert sorted(wrong) == sorted(checks), "every exercise needs wrong answers here"
-    for ex, variants in wrong.items():
-        for answer in variants:
-            env = dict(ns, **answer)
-            with pytest.raises(CheckFailed):
-                exec(compile(checks[ex], f"check {ex}", "exec"), env)
+# The problem set's checks against wrong answers: tests/test_wrong_answers.py grades them
+# through course-grade (tests/wrong_answers/05_backward_pass.py).
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -150,6 +150,14 @@ class Sandbox:
         self.stage = self.scratch / "stage"
         shutil.copytree(PACKAGE, self.stage / "course_utils",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # the committed measurements are course material the problem sets read (a
+        # profile to interpret, say); only the data files, never the scripts
+        bench = PACKAGE.parent / "benchmarks"
+        if bench.is_dir():
+            shutil.copytree(bench, self.stage / "benchmarks",
+                            ignore=lambda d, names: [n for n in names if not (
+                                os.path.isdir(os.path.join(d, n)) and n != "verify"
+                                or n.endswith((".json", ".txt", ".md")))])
         home = os.path.expanduser("~")
         self.hide = sorted({str(Path(p).resolve()) for p in hide if p} |
                            {str(self.scratch.resolve()), "/tmp", "/dev/shm",

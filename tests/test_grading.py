@@ -955,3 +955,18 @@ def test_graded_kernels_see_packages_installed_beside_the_interpreter(tmp_path, 
     assert os.path.realpath(lib) in got
     assert os.path.realpath(plain) not in got and os.path.realpath(secret) not in got
     assert not any(p.startswith(os.path.realpath(ROOT)) for p in got)
+
+
+def test_gpu_machines_grade_without_landlock(monkeypatch):
+    """CUDA does not start under a Landlock ruleset (measured on an H100), so on a GPU
+    machine the grader keeps the namespaces and says why Landlock is off."""
+    from course_utils.grading import sandbox
+    monkeypatch.setenv("COURSE_GRADE_ASSUME_GPU", "1")
+    iso = sandbox.detect("auto")
+    assert iso.landlock == 0
+    if sandbox.sandbox_exec.landlock_abi():
+        assert "Landlock off" in iso.describe()
+        with pytest.raises(sandbox.SandboxError, match="CUDA"):
+            sandbox.detect("landlock")
+    monkeypatch.delenv("COURSE_GRADE_ASSUME_GPU")
+    assert sandbox.detect("limits").landlock == 0

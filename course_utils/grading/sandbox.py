@@ -58,9 +58,10 @@ class SandboxError(RuntimeError):
 class Isolation:
     namespaces: bool
     landlock: int          # Landlock ABI version in force, 0 for none
+    note: str = ""         # why a level that exists here is not in force
 
     def describe(self) -> str:
-        parts = []
+        parts = [self.note] if self.note else []
         if self.namespaces:
             parts.append("user+pid+mount+net namespaces")
         if self.landlock:
@@ -84,6 +85,17 @@ def _namespaces_work() -> bool:
     return _probe_cache["ns"]
 
 
+def _cuda_present() -> bool:
+    """Does this machine's torch see a CUDA GPU (without starting one if torch is absent)?"""
+    if os.environ.get("COURSE_GRADE_ASSUME_GPU") == "1":      # tests of the GPU path
+        return True
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def detect(level: str = "auto") -> Isolation:
     """The isolation to grade with. ``auto``: all that works here; ``namespaces``
     or ``landlock``: that one (and Landlock too where it exists), or an error;
@@ -91,6 +103,15 @@ def detect(level: str = "auto") -> Isolation:
     if level not in LEVELS:
         raise SandboxError(f"isolation: expected one of {', '.join(LEVELS)}, got {level!r}")
     ll = sandbox_exec.landlock_abi() if sys.platform.startswith("linux") else 0
+    note = ""
+    if ll and _cuda_present():
+        # measured on an H100: under a Landlock ruleset the CUDA driver fails to start
+        # (cudaGetDeviceCount: error 304, "OS call failed"), and the kernels would fall
+        # back to the CPU; a GPU machine relies on the namespaces instead
+        if level == "landlock":
+            raise SandboxError("isolation 'landlock': CUDA does not start under Landlock on "
+                               "this GPU machine; use 'namespaces' or 'auto'")
+        ll, note = 0, "Landlock off (CUDA does not start under it)"
     if level == "limits":
         return Isolation(False, 0)
     if level == "landlock":
@@ -102,7 +123,7 @@ def detect(level: str = "auto") -> Isolation:
     if level == "namespaces" and not ns:
         raise SandboxError("isolation 'namespaces': `unshare --user --pid --mount --net` does "
                            "not work here (run the grader in a container, see the README)")
-    return Isolation(ns, ll)
+    return Isolation(ns, ll, note)
 
 
 def _nproc_in_use() -> int:

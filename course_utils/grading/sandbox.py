@@ -47,7 +47,7 @@ UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-ch
 MARKER = "COURSE_GRADE_RUN"
 LEVELS = ("auto", "namespaces", "landlock", "limits")
 _PASS_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
-             "TRITON_INTERPRET", "CUDA_HOME")
+             "TRITON_INTERPRET", "CUDA_HOME", "COURSE_DEVICE")
 
 
 class SandboxError(RuntimeError):

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "Hardware", "H100", "Op", "Wait", "WaitParity", "Arrive", "Warpgroup", "Schedule",
     "SimResult", "build_kernel_schedule", "KERNEL_NAMES", "KERNEL_MODELS", "predict_kernels",
+    "RELEASE_PROTOCOLS",
     "SimulationError", "DeadlockError", "HazardError", "RegisterBudgetError",
     "simulate", "build_schedule", "SCHEDULE_NAMES", "FA3_ABLATION", "register_need",
     "register_split", "plot_timeline", "compare_with_fa3",
@@ -591,7 +592,8 @@ _KERNEL_DESCRIPTIONS = {
                   "ahead (Triton's software pipeline); matmul, softmax, matmul in order",
     "gluon_ws_serial": "hopper/gluon_fwd.py, pipeline=False: a 1-warp producer fills a ring "
                        "of K/V slots; one 8-warp consumer (128 rows, lockstep) runs "
-                       "matmul, softmax, matmul and releases the slot on kv_empty",
+                       "matmul, softmax, matmul; it releases the K slot on k_empty once "
+                       "S is computed and the V slot on v_empty after P V",
     "gluon_ws_pipe": "hopper/gluon_fwd.py, pipeline=True: as gluon_ws_serial, but the "
                      "consumer issues S_{j+1} and P_j V_j before the softmax of block j+1 "
                      "(warpgroup_mma_wait(1))",
@@ -612,20 +614,34 @@ KERNEL_MODELS = {
 }
 
 
+RELEASE_PROTOCOLS = ("separate", "joint")
+
+
 def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, Bc: int = 128,
-                          D: int = 128) -> Schedule:
+                          D: int = 128, release: str = "separate") -> Schedule:
     """The programs one CTA (one SM) of a course kernel runs, with the kernel's own
     barriers: ``k_ready[s]`` / ``v_ready[s]`` (one arrival per phase, the TMA copy),
-    ``kv_empty[s]`` (one arrival per consumer partition) and, for ping-pong,
-    ``turn[0]`` / ``turn[1]``; every mbarrier wait is a :class:`WaitParity` with the
-    parity the kernel passes. A CTA has 128 query rows (``BLOCK_M`` of the kernels).
-    ``wgmma.wait_group`` is a count :class:`Wait` on the warpgroup's own matmuls.
+    ``k_empty[s]`` / ``v_empty[s]`` (one arrival per consumer partition) and, for
+    ping-pong, ``turn[0]`` / ``turn[1]``; every mbarrier wait is a :class:`WaitParity`
+    with the parity the kernel passes. A CTA has 128 query rows (``BLOCK_M`` of the
+    kernels). ``wgmma.wait_group`` is a count :class:`Wait` on the warpgroup's own matmuls.
 
-    With ``stages=1`` the pipelined consumers (``gluon_ws_pipe``, ``gluon_pingpong``)
-    deadlock, as the kernel would: they wait for ``K_{j+1}`` before releasing the one
-    slot that ``K_{j+1}`` must be copied into."""
+    ``release="separate"`` (the default) is ``gluon_fwd.py``'s protocol: a consumer
+    arrives on ``k_empty[s]`` once ``S = Q K^T`` of the block is computed and on
+    ``v_empty[s]`` after ``P V``; the producer waits on ``k_empty[s]`` before refilling
+    K slot ``s`` and on ``v_empty[s]`` before refilling V slot ``s``. Every
+    configuration finishes, ``stages=1`` included.
+
+    ``release="joint"`` is the simpler protocol the kernel does not use: one
+    ``kv_empty[s]`` per slot, released after ``P V``, waited for before both refills.
+    With it and ``stages=1`` the pipelined consumers (``gluon_ws_pipe``,
+    ``gluon_pingpong``) deadlock: they wait for ``K_{j+1}`` before releasing the one
+    slot that ``K_{j+1}`` must be copied into. ``triton_tma`` has no producer and no
+    empty barriers, so ``release`` does not change it."""
     if kernel not in KERNEL_NAMES:
         raise ValueError(f"kernel must be one of {KERNEL_NAMES}, got {kernel!r}")
+    if release not in RELEASE_PROTOCOLS:
+        raise ValueError(f"release must be one of {RELEASE_PROTOCOLS}, got {release!r}")
     for arg, val in (("stages", stages), ("n_blocks", n_blocks), ("Bc", Bc), ("D", D)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{arg} must be a positive int, got {val!r}")
@@ -663,7 +679,9 @@ def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, B
         return Op("tma", kv_bytes, f"load {kind}{j}", sync=sync,
                   barrier=f"{kind.lower()}_ready[{j % stages}]", writes=(buf,))
 
-    per_phase = {f"kv_empty[{s}]": consumers for s in range(stages)}
+    joint = release == "joint"
+    empties = ("kv_empty",) if joint else ("k_empty", "v_empty")
+    per_phase = {f"{e}[{s}]": consumers for e in empties for s in range(stages)}
     readers = {f"{kind}[{s}]": consumers for kind in "KV" for s in range(stages)}
     wgs = []
     if kernel == "triton_tma":
@@ -693,7 +711,12 @@ def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, B
     prog = []
     for j in range(n_blocks):
         s = j % stages
-        prog += [WaitParity(f"kv_empty[{s}]", ph(j) ^ 1), load("K", j, False), load("V", j, False)]
+        if joint:
+            prog += [WaitParity(f"kv_empty[{s}]", ph(j) ^ 1), load("K", j, False),
+                     load("V", j, False)]
+        else:
+            prog += [WaitParity(f"k_empty[{s}]", ph(j) ^ 1), load("K", j, False),
+                     WaitParity(f"v_empty[{s}]", ph(j) ^ 1), load("V", j, False)]
     wgs.append(Warpgroup("producer (1 warp)", "producer", prog, regs=24, threads=32))
 
     def turn_wait(k, c):
@@ -706,6 +729,12 @@ def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, B
     def turn_pass(c):
         return [Arrive(f"turn[{1 - c}]")] if pingpong else []
 
+    def release_k(j):                            # _release(k_empty, ...): S_j is computed
+        return [] if joint else [Arrive(f"k_empty[{j % stages}]")]
+
+    def release_v(j):                            # _release(v_empty, ...): P_j V_j is done
+        return [Arrive(f"{'kv_empty' if joint else 'v_empty'}[{j % stages}]")]
+
     for c in range(consumers):
         prog = []
         issued = 0                               # matmuls this consumer has issued
@@ -715,13 +744,13 @@ def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, B
         if not pipelined:
             for j in range(n_blocks):
                 prog += [WaitParity(f"k_ready[{j % stages}]", ph(j)), qk(j, c, True)]
-                prog += softmax(j)
+                prog += release_k(j) + softmax(j)
                 prog += [WaitParity(f"v_ready[{j % stages}]", ph(j)), pv(j, c, True)]
-                prog += [Arrive(f"kv_empty[{j % stages}]")]
+                prog += release_v(j)
         else:
             prog += [WaitParity("k_ready[0]", 0)] + turn_wait(0, c) + [qk(0, c, False)]
             issued += 1
-            prog += turn_pass(c) + [done_upto(issued)] + softmax(0)
+            prog += turn_pass(c) + [done_upto(issued)] + release_k(0) + softmax(0)
             for j in range(n_blocks - 1):
                 prog += [WaitParity(f"k_ready[{(j + 1) % stages}]", ph(j + 1))]
                 if pingpong:
@@ -732,18 +761,19 @@ def build_kernel_schedule(kernel: str, *, stages: int = 2, n_blocks: int = 16, B
                              pv(j, c, False)]
                 issued += 2
                 # warpgroup_mma_wait(1): S_{j+1} has finished, P_j V_j may still run
-                prog += [done_upto(issued - 1)] + softmax(j + 1)
-                prog += [done_upto(issued), Arrive(f"kv_empty[{j % stages}]")]
+                prog += [done_upto(issued - 1)] + release_k(j + 1) + softmax(j + 1)
+                prog += [done_upto(issued)] + release_v(j)
             last = n_blocks - 1
             prog += [WaitParity(f"v_ready[{last % stages}]", ph(last))] + turn_wait(n_blocks, c)
             prog += [pv(last, c, False)] + turn_pass(c)
             issued += 1
-            prog += [done_upto(issued), Arrive(f"kv_empty[{last % stages}]")]
+            prog += [done_upto(issued)] + release_v(last)
         name = f"consumer{c} (1 warpgroup)" if pingpong else "consumer (8 warps)"
         wgs.append(Warpgroup(name, "consumer", prog, regs=register_need(64, Bc, D, pipelined),
                              threads=threads))
-    return Schedule(f"{kernel} ({stages} stage{'s' if stages > 1 else ''})", wgs, readers, True,
-                    _KERNEL_DESCRIPTIONS[kernel], per_phase)
+    title = f"{kernel} ({stages} stage{'s' if stages > 1 else ''}"
+    title += ", K and V released together)" if joint else ")"
+    return Schedule(title, wgs, readers, True, _KERNEL_DESCRIPTIONS[kernel], per_phase)
 
 
 def predict_kernels(providers=None, hw: Hardware = H100, **kw) -> dict:

@@ -1,4 +1,7 @@
 """The lesson-8 schedule simulator: schedules, utilisation, deadlocks, hazards, registers."""
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -206,26 +209,47 @@ def test_parity_wait_semantics():
 @pytest.mark.parametrize("kernel", sim.KERNEL_NAMES)
 @pytest.mark.parametrize("stages", [1, 2, 3])
 def test_kernel_schedules_run_and_count_all_flops(kernel, stages):
-    if stages == 1 and kernel in ("gluon_ws_pipe", "gluon_pingpong"):
-        # the pipelined consumer waits for K_{j+1} before it releases slot j: with a
-        # single slot that is the same slot, so the producer can never refill it
-        with pytest.raises(sim.DeadlockError, match="kv_empty\\[0\\]"):
-            sim.simulate(sim.build_kernel_schedule(kernel, stages=1, n_blocks=5))
-        return
+    # the kernel's protocol (K and V released separately) finishes with any ring size,
+    # stages=1 included, as the Gluon kernel does on the GPU
     r = sim.simulate(sim.build_kernel_schedule(kernel, stages=stages, n_blocks=5))
     assert r.flops == pytest.approx(5 * 2 * 2.0 * 128 * 128 * 128)   # 128 rows, 2 GEMMs
     assert 0 < r.tflops <= sim.H100.tensor_tflops
 
 
+@pytest.mark.parametrize("kernel", ["gluon_ws_pipe", "gluon_pingpong"])
+def test_one_slot_finishes_with_separate_release_and_deadlocks_with_joint(kernel):
+    sep = sim.build_kernel_schedule(kernel, stages=1, n_blocks=5)
+    assert sim.build_kernel_schedule(kernel, stages=1, n_blocks=5, release="separate") == sep
+    r = sim.simulate(sep)
+    assert r.flops == pytest.approx(5 * 2 * 2.0 * 128 * 128 * 128)
+    # K_1 is copied into the single slot before P_0 V_0 (which still reads V_0) starts
+    span = {label: (t0, t1) for _, _, label, t0, t1 in r.trace}
+    assert span["load K1"][1] <= span["O+=P0V0"][0] + 1e-9
+    assert span["load V1"][0] >= span["O+=P0V0"][1] - 1e-9
+    # releasing K and V together on one kv_empty: the pipelined consumer waits for
+    # K_{j+1} before it releases slot j, which with one slot is the slot K_{j+1} needs
+    with pytest.raises(sim.DeadlockError) as e:
+        sim.simulate(sim.build_kernel_schedule(kernel, stages=1, n_blocks=5, release="joint"))
+    msg = str(e.value)
+    assert "producer (1 warp) waits on 'kv_empty[0]'" in msg
+    assert "'k_ready[0]'" in msg
+    # a second slot breaks the cycle under either protocol
+    for release in sim.RELEASE_PROTOCOLS:
+        sim.simulate(sim.build_kernel_schedule(kernel, stages=2, n_blocks=5, release=release))
+
+
 @given(n=st.integers(1, 6), stages=st.integers(1, 4), kernel=st.sampled_from(sim.KERNEL_NAMES),
        in_order=st.booleans())
-def test_kernel_schedules_deadlock_only_pipelined_with_one_slot(n, stages, kernel, in_order):
+def test_kernel_schedules_deadlock_only_joint_pipelined_with_one_slot(n, stages, kernel, in_order):
     hw = sim.Hardware(tensor_in_order=in_order)
-    if stages == 1 and n > 1 and kernel in ("gluon_ws_pipe", "gluon_pingpong"):
-        with pytest.raises(sim.DeadlockError):
-            sim.simulate(sim.build_kernel_schedule(kernel, stages=stages, n_blocks=n), hw)
-        return
     r = sim.simulate(sim.build_kernel_schedule(kernel, stages=stages, n_blocks=n), hw)
+    assert r.time_us >= r.work_time["tensor"] - 1e-9
+    joint = sim.build_kernel_schedule(kernel, stages=stages, n_blocks=n, release="joint")
+    if stages == 1 and n > 1 and kernel in ("gluon_ws_pipe", "gluon_pingpong"):
+        with pytest.raises(sim.DeadlockError, match="kv_empty\\[0\\]"):
+            sim.simulate(joint, hw)
+        return
+    r = sim.simulate(joint, hw)
     assert r.time_us >= r.work_time["tensor"] - 1e-9
 
 
@@ -233,13 +257,35 @@ def test_kernel_schedules_use_the_kernels_barriers():
     pp = sim.build_kernel_schedule("gluon_pingpong", stages=2, n_blocks=4)
     roles = [wg.role for wg in pp.warpgroups]
     assert roles == ["producer", "consumer", "consumer"]
-    assert pp.arrivals_per_phase["kv_empty[0]"] == 2          # both consumers release a slot
+    # both consumers release each K and each V slot
+    assert pp.arrivals_per_phase == {f"{e}[{s}]": 2 for e in ("k_empty", "v_empty")
+                                     for s in range(2)}
     prod = pp.warpgroups[0].program
-    # the producer's j-th wait on kv_empty[j % 2] asks for parity ((j // 2) & 1) ^ 1
-    assert [i.parity for i in prod if isinstance(i, WaitParity)] == [1, 1, 0, 0]
+    # the producer waits on k_empty[j % 2] before K_j and on v_empty[j % 2] before V_j,
+    # each with parity ((j // 2) & 1) ^ 1
+    waits = [(i.barrier, i.parity) for i in prod if isinstance(i, WaitParity)]
+    assert waits == [("k_empty[0]", 1), ("v_empty[0]", 1), ("k_empty[1]", 1), ("v_empty[1]", 1),
+                     ("k_empty[0]", 0), ("v_empty[0]", 0), ("k_empty[1]", 0), ("v_empty[1]", 0)]
     for wg in pp.warpgroups[1:]:
-        names = {i.barrier for i in wg.program if isinstance(i, (WaitParity, Arrive))}
-        assert {"k_ready[0]", "v_ready[1]", "kv_empty[0]", "turn[0]", "turn[1]"} <= names
+        prog = wg.program
+        names = {i.barrier for i in prog if isinstance(i, (WaitParity, Arrive))}
+        assert {"k_ready[0]", "v_ready[1]", "k_empty[0]", "v_empty[1]", "turn[0]",
+                "turn[1]"} <= names
+        assert not any("kv_empty" in n for n in names)
+        # K_j is handed back once S_j is computed, before P_j V_j is issued
+        arrives = [k for k, i in enumerate(prog) if isinstance(i, Arrive)]
+        labels = [i.label if isinstance(i, sim.Op) else None for i in prog]
+        k0 = next(k for k in arrives if prog[k].barrier == "k_empty[0]")
+        v0 = next(k for k in arrives if prog[k].barrier == "v_empty[0]")
+        assert labels.index("S0=QK0") < k0 < labels.index("O+=P0V0") < v0
+    # the model's mbarriers are the ones the Gluon kernel allocates (plus ping-pong's turn)
+    src = Path(sim.__file__).with_name("gluon_fwd.py").read_text()
+    allocated = set(re.findall(r"(\w+) = gl\.allocate_shared_memory\(gl\.int64", src))
+    assert {"k_ready", "v_ready", "k_empty", "v_empty"} <= allocated
+    for kernel in ("gluon_ws_serial", "gluon_ws_pipe", "gluon_pingpong"):
+        used = {i.barrier.split("[")[0] for wg in sim.build_kernel_schedule(kernel).warpgroups
+                for i in wg.program if isinstance(i, (WaitParity, Arrive))}
+        assert used <= allocated and {"k_ready", "v_ready", "k_empty", "v_empty"} <= used
     # one lockstep consumer in the Triton kernel and the non-ping-pong Gluon kernels
     for kernel in ("triton_tma", "gluon_ws_serial", "gluon_ws_pipe"):
         wgs = sim.build_kernel_schedule(kernel).warpgroups
@@ -253,7 +299,7 @@ def test_wrong_parity_hangs_or_reads_a_tile_in_flight():
     bad = copy.deepcopy(good)
     bad.warpgroups[0].program = [WaitParity(i.barrier, i.parity ^ 1) if isinstance(i, WaitParity)
                                  else i for i in bad.warpgroups[0].program]
-    with pytest.raises(sim.DeadlockError, match="'kv_empty\\[0\\]' for the phase of parity 0"):
+    with pytest.raises(sim.DeadlockError, match="'k_empty\\[0\\]' for the phase of parity 0"):
         sim.simulate(bad)
     # consumer waits on k_ready with the flipped parity: it returns before the copy lands
     bad = copy.deepcopy(good)
@@ -280,6 +326,8 @@ def test_kernel_predictions_the_lesson_states():
         sim.build_kernel_schedule("fa3")
     with pytest.raises(ValueError, match="stages must be a positive int"):
         sim.build_kernel_schedule("triton_tma", stages=0)
+    with pytest.raises(ValueError, match="release must be one of"):
+        sim.build_kernel_schedule("gluon_ws_pipe", release="kv")
 
 
 def test_kernel_models_cover_the_benchmarked_kernels():

@@ -30,6 +30,14 @@ Executed lessons are kept in ``build/site-cache/``, keyed by the notebook and
 the ``course_utils`` sources, so a rebuild re-runs only what changed.
 ``--no-execute`` renders notebooks as they are (``--src`` points at a folder of
 already executed lessons, such as one written by ``--save-executed DIR``).
+
+``--outputs-from DIR`` takes each lesson's outputs from an executed copy in
+``DIR`` (the GPU verify run saves the H100's in
+``benchmarks/<device>/verify/executed/``), so readers without a GPU see the GPU's
+figures and timings beside today's text: a copy is used only when its code
+cells are the lesson's code cells, as they are now (markdown may have changed
+since); a lesson whose copy is missing or stale is executed here, and the build
+log says which lessons are which.
 """
 from __future__ import annotations
 
@@ -194,12 +202,52 @@ def _prepare_out(out: Path):
     return out
 
 
-def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir):
+def _code_sources(nb) -> list[str]:
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def outputs_from(lesson, executed_dir):
+    """``(notebook, why)``: the lesson as it is now with the outputs of its executed
+    copy in ``executed_dir`` (``why`` is ``""``), or ``(None, why)`` when that copy
+    is missing or its code cells are not the lesson's (the outputs would not be
+    what the code shows)."""
+    import nbformat
+    lesson = Path(lesson)
+    copy = Path(executed_dir) / lesson.name
+    if not copy.is_file():
+        return None, f"no executed copy in {executed_dir}"
+    now = nbformat.read(lesson, as_version=4)
+    done = nbformat.read(copy, as_version=4)
+    a, b = _code_sources(now), _code_sources(done)
+    if len(a) != len(b):
+        return None, f"stale copy ({len(b)} code cells, the lesson has {len(a)})"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return None, f"stale copy (code cell {i + 1} changed since it ran)"
+    ran = iter([c for c in done.cells if c.cell_type == "code"])
+    for cell in now.cells:
+        if cell.cell_type == "code":
+            src = next(ran)
+            cell.outputs = src.get("outputs", [])
+            cell.execution_count = src.get("execution_count")
+    for key in ("widgets",):
+        if key in done.metadata:
+            now.metadata[key] = done.metadata[key]
+    return now, ""
+
+
+def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir, outputs_dir=None):
     """Executed notebook JSON per lesson path, running what the cache lacks."""
     import nbformat
-    texts, todo = {}, []
+    texts, todo, why = {}, [], {}
     fp = _fingerprint() if execute else ""
     for p in paths:
+        if outputs_dir is not None:
+            nb, why[p] = outputs_from(p, outputs_dir)
+            if nb is not None:
+                texts[p] = nbformat.writes(nb)
+                report.lessons.append((p.name, f"outputs from {outputs_dir}", 0.0))
+                continue
         if not execute:
             texts[p] = p.read_text()
             report.lessons.append((p.name, "as is", 0.0))
@@ -208,7 +256,8 @@ def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir):
         cached = cache_dir / f"{p.stem}-{key}.ipynb"
         if use_cache and cached.exists():
             texts[p] = cached.read_text()
-            report.lessons.append((p.name, "cached run", 0.0))
+            report.lessons.append((p.name, "cached run" + (f" ({why[p]})" if why.get(p) else ""),
+                                   0.0))
         else:
             todo.append((p, cached))
     if todo:
@@ -223,7 +272,8 @@ def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir):
             results = [_execute(str(p), timeout) for p, _ in todo]
         for (p, cached), (text, error, secs) in zip(todo, results):
             texts[p] = text
-            report.lessons.append((p.name, "executed", secs))
+            report.lessons.append((p.name, "executed" + (f" ({why[p]})" if why.get(p) else ""),
+                                   secs))
             if error:
                 report.problems.append(f"notebooks/{p.name}: execution failed: {error}")
             elif use_cache:
@@ -536,7 +586,8 @@ def strip_remote_scripts(body: str) -> str:
 
 
 def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache=True,
-          timeout=600, cache_dir=CACHE_DIR, save_executed=None, log=print) -> BuildReport:
+          timeout=600, cache_dir=CACHE_DIR, save_executed=None, outputs_dir=None,
+          log=print) -> BuildReport:
     """Build the site into ``out`` and check it; returns a :class:`BuildReport`
     whose ``problems`` lists everything wrong (empty when the site is good).
 
@@ -545,7 +596,9 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
     are; ``jobs``: lessons executed at once; ``use_cache``/``cache_dir``: reuse
     earlier runs of unchanged lessons; ``timeout``: seconds per cell;
     ``save_executed``: a folder to write the executed lessons to (as
-    ``NN_topic.ipynb``, for a later ``build(execute=False, src=that folder)``)."""
+    ``NN_topic.ipynb``, for a later ``build(execute=False, src=that folder)``);
+    ``outputs_dir``: take the outputs of lessons whose executed copy there is current
+    (see :func:`outputs_from`), executing the others."""
     if jobs is None:
         jobs = min(2, os.cpu_count() or 1)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -559,10 +612,13 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
                          f"(the lessons stay without outputs), got {save_executed}")
     if not paths:
         raise ValueError(f"no lesson notebooks NN_topic.ipynb in {src or LESSONS_DIR}")
+    if outputs_dir is not None and not Path(outputs_dir).is_dir():
+        raise ValueError(f"outputs_dir must be a folder of executed lessons, got {outputs_dir}")
     t0 = time.time()
     out = _prepare_out(Path(out))
     report = BuildReport(out)
-    nbs = _run_lessons(paths, execute, use_cache, jobs, timeout, report, Path(cache_dir))
+    nbs = _run_lessons(paths, execute, use_cache, jobs, timeout, report, Path(cache_dir),
+                       None if outputs_dir is None else Path(outputs_dir))
     if save_executed is not None:
         import nbformat
         keep = Path(save_executed)
@@ -722,6 +778,9 @@ def main(argv=None) -> int:
     b.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     b.add_argument("--save-executed", metavar="DIR",
                    help="also write the executed lessons to DIR (reuse: --no-execute --src DIR)")
+    b.add_argument("--outputs-from", metavar="DIR",
+                   help="outputs of lessons executed elsewhere (e.g. benchmarks/<gpu>/executed): "
+                        "used where their code is the lessons' code, the rest executed here")
     c = sub.add_parser("check", help="list broken links and missing images of a built site")
     c.add_argument("site", nargs="?", default=str(ROOT / "site"))
     args = ap.parse_args(argv)
@@ -729,7 +788,8 @@ def main(argv=None) -> int:
         if args.cmd == "build":
             report = build(args.out, lessons=args.lessons, execute=not args.no_execute,
                            src=args.src, jobs=args.jobs, use_cache=not args.no_cache,
-                           timeout=args.timeout, save_executed=args.save_executed)
+                           timeout=args.timeout, save_executed=args.save_executed,
+                           outputs_dir=args.outputs_from)
             problems = report.problems
         else:
             problems = check(args.site)

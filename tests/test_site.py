@@ -254,6 +254,40 @@ def test_build_reuses_earlier_runs_and_renders_as_is(small_course, tmp_path):
                       log=lambda m: None).problems == raw.problems
 
 
+def test_outputs_from_an_executed_copy_only_while_its_code_is_current(small_course, tmp_path):
+    src, _, cache, _ = small_course
+    executed = tmp_path / "gpu"
+    site.build(tmp_path / "first", src=src, lessons=["00", "01"], cache_dir=cache,
+               save_executed=executed, log=lambda m: None)
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    for name in ("00_intro.ipynb", "01_tiles.ipynb"):
+        (lessons / name).write_bytes((src / name).read_bytes())
+    # prose edited since the run: the outputs still fit the code, and the new prose is used
+    nb = nbformat.read(lessons / "00_intro.ipynb", as_version=4)
+    nb.cells[0].source += "\n\nA sentence written after the run."
+    nbformat.write(nb, lessons / "00_intro.ipynb")
+    merged, why = site.outputs_from(lessons / "00_intro.ipynb", executed)
+    assert why == "" and "written after the run" in merged.cells[0].source
+    assert merged.cells[1].outputs[0]["text"] == "hello\n"
+    assert not nbformat.read(lessons / "00_intro.ipynb", as_version=4).cells[1].outputs
+    # code edited since the run: the copy is stale and the lesson is executed here
+    nb = nbformat.read(lessons / "01_tiles.ipynb", as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace("Nq=8", "Nq=12")
+    nbformat.write(nb, lessons / "01_tiles.ipynb")
+    assert site.outputs_from(lessons / "01_tiles.ipynb", executed) == \
+        (None, "stale copy (code cell 1 changed since it ran)")
+    assert site.outputs_from(src / "02_live.ipynb", executed)[1].startswith("no executed copy")
+    report = site.build(tmp_path / "out", src=lessons, cache_dir=cache, outputs_dir=executed,
+                        log=lambda m: None)
+    assert report.ok, report.problems
+    assert [how for _, how, _ in report.lessons] == [
+        f"outputs from {executed}", "executed (stale copy (code cell 1 changed since it ran))"]
+    assert "written after the run" in (tmp_path / "out/notebooks/00_intro.html").read_text()
+    with pytest.raises(ValueError, match="outputs_dir must be a folder"):
+        site.build(tmp_path / "x", src=lessons, outputs_dir=tmp_path / "nowhere")
+
+
 def test_build_leaves_this_process_alone(small_course):
     assert os.environ.get("COURSE_STATIC_WIDGETS") != "1", "only the kernels are static"
 

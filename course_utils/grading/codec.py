@@ -5,8 +5,7 @@ is why nothing it produces is trusted); ``decode`` runs in the grader and in
 the checking kernel, and only *builds data*: it accepts an exact allow-list of
 types (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
 plain CPU tensors, numpy arrays, torch dtypes and devices, and lists / tagged
-tuples, sets and dicts of those) and constructs one registered record type,
-:class:`Tile`. It never imports a module, never looks a class or function up by
+tuples, sets and dicts of those). It never imports a module, never looks a class or function up by
 the name a record gives, and never calls anything the record names: a class or
 function in a record decodes to a :class:`Named` marker, a named tuple to a
 plain tuple, another dataclass to an inert :class:`Record` (which only
@@ -38,36 +37,6 @@ _DTYPES = {str(d).replace("torch.", ""): d for d in (
                                                     "uint16", "uint32", "uint64")
                         if isinstance(getattr(torch, n, None), torch.dtype))}
 _DEVICE = re.compile(r"^(cpu|cuda|meta|mps|xpu)(:\d{1,3})?$")
-
-
-@dataclasses.dataclass
-class Tile:
-    """A tile of the Triton CPU interpreter (``triton.language.tensor``) as data:
-    its element type, its block shape (``None`` for a scalar) and its values as bytes.
-    The one record type :func:`decode` constructs."""
-    dtype: str
-    shape: list | None
-    np_dtype: str
-    data_shape: list
-    data: torch.Tensor
-
-
-def _tile_from(fields, values):
-    if fields != ["dtype", "shape", "np_dtype", "data_shape", "data"]:
-        return None
-    dtype, shape, np_dtype, data_shape, data = values
-    ints = (lambda v: type(v) is list and len(v) <= 8 and all(type(i) is int and 0 <= i < 2**31
-                                                             for i in v))
-    if type(dtype) is not str or type(np_dtype) is not str or len(dtype) > 32 or \
-            len(np_dtype) > 8 or not (shape is None or ints(shape)) or not ints(data_shape) or \
-            type(data) is not torch.Tensor or data.dtype != torch.uint8:
-        return None
-    return Tile(dtype, shape, np_dtype, data_shape, data)
-
-
-# record types decode can construct: the name the kernel gives -> a builder of plain fields
-_RECORDS = {"course_utils.grading.kernel_side:Tile": _tile_from,
-            "course_utils.grading.codec:Tile": _tile_from}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +98,6 @@ class CodecError(ValueError):
 
 # --------------------------------------------------------------------------- kernel side
 def _name_of(obj) -> str | None:
-    if obj is Tile:
-        return "course_utils.grading.codec:Tile"
     mod = getattr(obj, "__module__", None)
     qual = getattr(obj, "__qualname__", None)
     if not mod or not qual or "<" in qual or mod == "__main__":
@@ -286,16 +253,11 @@ def _decode(tree, depth):
         fields = _list(tree.get("fields"))
         if tag == "__namedtuple__":
             return tuple(values)
-        build = _RECORDS.get(val) if type(val) is str else None
-        if build is None and type(val) is str and len(val) <= 300 and len(fields) == len(values) \
+        if type(val) is str and len(val) <= 300 and len(fields) == len(values) \
                 and all(type(f) is str for f in fields):
             return Record(val, tuple(fields), tuple(values))
-        rec = build(fields, values) if build is not None and len(fields) == len(values) else None
-        if rec is None:
-            what = f"{val:.120}" if type(val) is str else "an unnamed class"
-            return Unserializable(f"object of class {what}"
-                                  + (" with fields that do not fit it" if build else ""))
-        return rec
+        what = f"{val:.120}" if type(val) is str else "an unnamed class"
+        return Unserializable(f"object of class {what}")
     if tag == "__unserializable__":
         return Unserializable(str(val)[:300] if type(val) is str else "a value")
     raise CodecError(f"unknown tag {tag!r:.40} in a record")

@@ -325,17 +325,9 @@ def _template_errors(tpl, run, roles, what):
         if info.get("status") != "ok":
             role, ex = roles[i]
             where = f"{role} cell of exercise {ex}" if ex else f"cell {i} ({role})"
-            fix = ""
-            if "Unsupported function referenced" in str(info.get("evalue", "")):
-                # answers that are Triton device functions are recorded tile by tile, which
-                # only the interpreter allows: a compiled kernel cannot call the recorder
-                fix = (" (this problem set's answers include Triton device functions, which "
-                       "are graded through the Triton interpreter: on a GPU machine run "
-                       "`COURSE_DEVICE=cpu course-grade ...`; with triton 3.6 or older the "
-                       "interpreter also needs numpy<2.4)")
             raise GradingError(f"template {tpl.path.name}: the {what} fails in its {where}: "
                                f"{info.get('why') or ''} {info.get('ename', '')}: "
-                               f"{info.get('evalue', '')}".strip() + fix)
+                               f"{info.get('evalue', '')}".strip())
 
 
 def _key_order(key):

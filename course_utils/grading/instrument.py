@@ -293,7 +293,7 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
             add(src, "answer", ex, cell.get("id"))
             add(f"{KERNEL_NAME}.export({ex!r}, {names!r}, globals())", "export", ex)
             continue
-        add(f"{KERNEL_NAME}.cell_start({i})", "hook", ex)
+        add(f"{KERNEL_NAME}.cell_start({i}, globals())", "hook", ex)
         src = cell.source
         if role == "check" and mode == "verify":
             src, _ = rewrite_check(cell.source, ex, f"check cell of exercise {ex}")

@@ -20,17 +20,21 @@ the answer cells drew.
 Answer functions reach the template in three ways, and each is recorded and
 replayed: a plain call ``f(x)``; a kernel launch ``kernel[grid](...)``, whose
 result is what it writes into its tensor arguments (every tensor argument a
-call changes is shipped and copied back in by the stand-in); and, in the
-Triton CPU interpreter, a ``@triton.jit`` device function called from a
-template kernel, whose arguments and results are tiles (shipped as
-:class:`Tile`, bytes and type).
+call changes is shipped and copied back in by the stand-in); and a
+``@triton.jit`` device function that a template kernel calls. A device function
+cannot be recorded on its own (a compiled kernel calls only Triton functions),
+so the template kernels that reach it are recorded instead, launch by launch,
+and the verifier replays those launches; the answer's device function stays
+itself in the student's kernel, compiled for a GPU or run by the CPU
+interpreter alike. Both kernels find those template kernels the same way, from
+the template's code alone (:func:`_kernels_reaching`).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import random
 import sys
+import types
 
 import torch
 
@@ -39,7 +43,8 @@ from course_utils.grading import codec, guard_keeper
 MIME = "application/x-course-grade+json"  # the runner keeps the same constant
 
 _state = {"mode": None, "nonce": "", "inputs": {}, "hits": {}, "record": True, "depth": 0,
-          "calls": {}, "reported": None, "failed": {}, "before": None, "answer_bound": {}}
+          "calls": {}, "reported": None, "failed": {}, "before": None, "answer_bound": {},
+          "device": {}, "replays": {}, "prints": {}}
 RECORDS_ENV = "COURSE_GRADE_RECORDS"   # verifier under nbval: where its records go
 
 
@@ -47,7 +52,8 @@ def start(mode: str, nonce: str, inputs_path: str | None = None):
     if mode not in ("reference", "student", "verify"):
         raise ValueError(f"mode must be 'reference', 'student' or 'verify', got {mode!r}")
     _state.update(mode=mode, nonce=nonce, hits={}, inputs={}, record=True, depth=0, calls={},
-                  reported=None, failed={}, before=None, answer_bound={})
+                  reported=None, failed={}, before=None, answer_bound={}, device={},
+                  replays={}, prints={})
     # ``torch.empty`` then holds NaN (or the largest integer) in both kernels, not whatever
     # the allocator left there, so an output buffer the template hands to an answer's
     # kernel is the same input in both kernels. The setter is what
@@ -138,9 +144,13 @@ def _set_rng_states(st):
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
 
 
-def cell_start(index: int):
-    """First line of every template cell: record (reference) or restore the random state."""
+def cell_start(index: int, namespace=None):
+    """First line of every template cell: record (reference) or restore the random state,
+    and put stand-ins around template kernels defined since the last cell that reach an
+    answer's device function (see :func:`_wrap_reaching`)."""
     _state["record"] = True
+    if namespace is not None and _state["device"]:
+        _wrap_reaching(namespace)
     key = f"cell{index}"
     if _state["mode"] == "reference":
         _publish("rng", key, _rng_states())
@@ -155,6 +165,10 @@ def answer_start(exercise: str | None = None, namespace=None):
     _state["record"] = False
     if namespace is not None:
         _state["before"] = {k: id(v) for k, v in namespace.items()}
+        if _state["mode"] == "student":   # the template's kernels as no answer has touched them
+            for v in list(namespace.values()):
+                if _triton_names(v) is not None and not isinstance(v, _Recorder):
+                    _state["prints"].setdefault(id(v), (v, _launch_fingerprint(v)))
     _forget_sources()
     if _state["mode"] != "verify":
         guard_keeper.capture()
@@ -198,45 +212,15 @@ def _raised(e):
 
 
 # --------------------------------------------------------------------------- values as data
-Tile = codec.Tile   # the record type a tile travels as (defined with the codec, which builds it)
-
-
-def _triton_types():
-    """``(tensor, constexpr)`` of ``triton.language`` if a notebook imported Triton, else None."""
-    core = sys.modules.get("triton.language.core")
-    if core is None:
-        return None
-    return getattr(core, "tensor", None), getattr(core, "constexpr", None)
-
-
-def _tile(t):
-    import numpy as np
-    from course_utils.grading.codec import Unserializable
-    handle = getattr(t, "handle", None)
-    arr = getattr(handle, "data", None)
-    dtype = str(getattr(t, "dtype", ""))
-    if not isinstance(arr, np.ndarray) or dtype.startswith("*") or arr.dtype.kind not in "biufc":
-        return Unserializable(f"a Triton tile of type {t.type}")
-    ty = t.type
-    shape = [int(v) for v in ty.shape] if ty.is_block() else None
-    arr = np.ascontiguousarray(arr)
-    raw = torch.from_numpy(arr.reshape(-1).view(np.uint8).copy())
-    return Tile(dtype, shape, arr.dtype.str, list(arr.shape), raw)
-
-
 def _as_data(x, depth=0):
     """A call's arguments or result as data: tensors copied (so later in-place
-    changes do not reach the record), interpreter tiles as :class:`Tile`."""
+    changes do not reach the record); a Triton ``constexpr`` as its value."""
     if depth > 16:
         return x
     if isinstance(x, torch.Tensor):
         return x.detach().clone()
-    tt = _triton_types()
-    if tt is not None:
-        if tt[0] is not None and isinstance(x, tt[0]):
-            return _tile(x)
-        if tt[1] is not None and isinstance(x, tt[1]):
-            return _as_data(x.value, depth + 1)
+    if type(x).__name__ == "constexpr" and type(x).__module__.startswith("triton"):
+        return _as_data(getattr(x, "value", None), depth + 1)
     if type(x) in (list, tuple):
         return type(x)(_as_data(v, depth + 1) for v in x)
     if type(x) is dict:
@@ -244,31 +228,111 @@ def _as_data(x, depth=0):
     return x
 
 
-def _from_tile(tile: Tile):
-    """Verifier kernel: a recorded tile back as an interpreter tensor."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime.interpreter import TensorHandle
-    npd = np.dtype(tile.np_dtype)
-    if npd.kind not in "biufc" or not isinstance(tile.data, torch.Tensor) or \
-            tile.data.dtype != torch.uint8:
-        raise Mismatch("a recorded Triton tile is malformed")
-    arr = np.frombuffer(tile.data.numpy().tobytes(), dtype=npd).reshape(tile.data_shape).copy()
-    el = tl.dtype(tile.dtype)
-    ty = tl.block_type(el, list(tile.shape)) if tile.shape is not None else el
-    return tl.tensor(TensorHandle(arr, el), ty)
+# --------------------------------------------------------------------------- device functions
+_TRITON_FUNCTIONS = ("JITFunction", "InterpretedFunction")
 
 
-def _from_data(x, depth=0):
-    if depth > 16:
-        return x
-    if isinstance(x, Tile):
-        return _from_tile(x)
-    if type(x) in (list, tuple):
-        return type(x)(_from_data(v, depth + 1) for v in x)
-    if type(x) is dict:
-        return {k: _from_data(v, depth + 1) for k, v in x.items()}
-    return x
+def _triton_names(obj):
+    """The global names the code of a ``@triton.jit`` function refers to (``None``
+    for anything else). A stand-in for a template kernel answers for the kernel."""
+    if isinstance(obj, _Recorder):
+        obj = obj._fn
+    elif isinstance(obj, _Replay):
+        return obj._code_names
+    if type(obj).__name__ not in _TRITON_FUNCTIONS or \
+            not type(obj).__module__.startswith("triton"):
+        return None
+    code = getattr(getattr(obj, "fn", None), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return None
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
+
+
+def _kernels_reaching(targets, namespace, skip=()):
+    """The template's outermost Triton functions whose code reaches a name in
+    ``targets`` (directly or through other Triton functions of the namespace):
+    the kernels whose launches stand for the answer's device functions."""
+    jit = {}
+    for k, v in list(namespace.items()):
+        if isinstance(k, str) and k not in skip and k not in targets:
+            names = _triton_names(v)
+            if names is not None:
+                jit[k] = names
+    reach, frontier = set(), set(targets)
+    while frontier:
+        frontier = {k for k, names in jit.items() if k not in reach and names & frontier}
+        reach |= frontier
+    return sorted(k for k in reach if not any(k in jit[o] for o in reach if o != k))
+
+
+def _template_names():
+    """Names an answer cell bound (never a template kernel's, in the student's kernel)."""
+    return set(_state["answer_bound"])
+
+
+def _wrap_reaching(namespace):
+    for k in _kernels_reaching(_state["device"], namespace, skip=_template_names()):
+        kernel = namespace[k]
+        if isinstance(kernel, (_Recorder, _Replay)):
+            continue
+        if _state["mode"] == "verify":
+            replay = _state["replays"].get(k)
+            if replay is None:
+                replay = _Replay(k, _state["inputs"].get("calls", {}).get(k, []))
+                replay._code_names = _triton_names(kernel)
+                _state["replays"][k] = replay
+            namespace[k] = replay
+        else:
+            names = _triton_names(kernel) or set()
+            owners = sorted({ex for f, ex in _state["device"].items() if f in names} or
+                            set(_state["device"].values()))
+            first = _state["prints"].get(id(kernel))
+            held = first[1] if first is not None and first[0] is kernel else \
+                _launch_fingerprint(kernel)
+            namespace[k] = _Recorder(k, kernel, owners=owners, held=held)
+
+
+_LAUNCH_PATH = ("run", "__getitem__", "__call__", "_call_hook", "create_binder", "_do_compile",
+                "_pack_args", "_init_args_hst", "_restore_args_dev")
+
+
+def _launch_fingerprint(kernel):
+    """What decides what a launch of a template kernel does, by identity: its class and
+    the launch methods along the class's MRO, its Python function, that function's code,
+    defaults and globals, a launch method set on the kernel object itself, and Triton's
+    compile entry points. An answer that swaps any of them (so that the launch does something
+    other than the template's kernel calling the answer's device function) changes it."""
+    cls = type(kernel)
+    fn = getattr(kernel, "fn", None)
+    own = tuple((a, id(vars(kernel).get(a))) for a in _LAUNCH_PATH)
+    methods = tuple((c.__qualname__, a, id(vars(c).get(a))) for c in cls.__mro__
+                    for a in _LAUNCH_PATH if a in vars(c))
+    entry = []
+    for mod, attr in (("triton", "compile"), ("triton.compiler", "compile"),
+                      ("triton.compiler.compiler", "compile"),
+                      ("triton.runtime.interpreter", "GridExecutor"),
+                      ("triton.runtime.interpreter", "_patch_lang")):
+        m = sys.modules.get(mod)
+        if m is not None:
+            obj = vars(m).get(attr)
+            entry.append((mod, attr, id(obj)))
+            if isinstance(obj, type):
+                entry.extend((mod, attr, a, id(v)) for a, v in sorted(vars(obj).items())
+                             if callable(v))
+    return (id(cls), id(fn), id(getattr(fn, "__code__", None)),
+            id(getattr(fn, "__defaults__", None)), id(getattr(fn, "__globals__", None)),
+            own, methods, tuple(entry))
+
+
+def _is_device_function(name, namespace) -> bool:
+    """An answer's name that a template Triton function calls (decided from the
+    template's code, so the student's kernel and the verifier agree)."""
+    return bool(_kernels_reaching({name}, namespace, skip=_template_names()))
 
 
 def _tensor_leaves(x, path=(), depth=0):
@@ -313,12 +377,16 @@ class _Recorder:
     back afterwards so the template's next draws do not depend on the answer).
     ``recorder[grid](...)`` records a kernel launch the same way."""
 
-    def __init__(self, name, fn):
+    def __init__(self, name, fn, owners=None, held=None):
         self._name, self._fn = name, fn
+        # a template kernel standing for answers' device functions: the exercises they
+        # belong to, and what its launch path was before any answer cell ran
+        self._owners = owners
+        self._held = held
         functools.update_wrapper(self, fn)
 
     def __getattr__(self, attr):
-        if attr.startswith("__") or attr in ("_name", "_fn"):
+        if attr.startswith("__") or attr in ("_name", "_fn", "_owners", "_held"):
             raise AttributeError(attr)
         return getattr(object.__getattribute__(self, "_fn"), attr)
 
@@ -343,6 +411,13 @@ class _Recorder:
             payload["grid"] = _as_data(grid)
         _state["depth"] += 1
         kept = guard_keeper.snapshot()
+        if self._owners is not None and _launch_fingerprint(self._fn) != self._held:
+            _state["depth"] -= 1
+            what = [f"{self._name} (the template's kernel, changed by an answer)"]
+            for ex in self._owners:
+                _publish("export", f"{ex}/__tampered__", {"name": "__tampered__",
+                                                         "kind": "tampered", "what": what})
+            raise RuntimeError(f"the template's kernel {self._name} was changed by an answer")
         try:
             out = target(*args, **kwargs)
             payload["outcome"] = {"returned": _as_data(out)}
@@ -399,7 +474,12 @@ def export(exercise: str, names, namespace):
         value = namespace[name]
         if isinstance(value, _Recorder):
             value = value._fn
-        if _is_function(value):
+        if _is_device_function(name, namespace):
+            namespace[name] = value
+            _state["device"][name] = exercise
+            _wrap_reaching(namespace)
+            _publish("export", f"{exercise}/{name}", {"name": name, "kind": "function"})
+        elif _is_function(value):
             namespace[name] = _Recorder(name, value)
             _publish("export", f"{exercise}/{name}", {"name": name, "kind": "function"})
         else:
@@ -415,10 +495,6 @@ def _same(a, b) -> bool:
     if isinstance(a, codec.Record) or isinstance(b, codec.Record):
         return (isinstance(a, codec.Record) and isinstance(b, codec.Record)
                 and a.name == b.name and a.fields == b.fields and _same(a.values, b.values))
-    if isinstance(a, Tile) or isinstance(b, Tile):
-        return (isinstance(a, Tile) and isinstance(b, Tile)
-                and all(_same(getattr(a, f.name), getattr(b, f.name))
-                        for f in dataclasses.fields(Tile)))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                 and a.shape == b.shape and a.dtype == b.dtype
@@ -440,6 +516,7 @@ class _Replay:
 
     def __init__(self, name, calls):
         self._name, self._calls, self._i = name, calls, 0
+        self._code_names = None   # for a template kernel: the names its code refers to
         self.__name__ = name
 
     def __call__(self, *args, **kwargs):
@@ -481,7 +558,7 @@ class _Replay:
                 dest.copy_(value.to(dest.device))
         out = rec.get("outcome") or {}
         if "returned" in out:
-            return _from_data(codec.materialise(out["returned"]))
+            return codec.materialise(out["returned"])
         msg = str(out.get("message", ""))
         for name in out.get("raised") or []:
             cls = codec.exception_class(name)   # a class of the student's: try its bases
@@ -508,6 +585,9 @@ def bind(exercise: str, names, namespace):
             namespace.pop(name, None)
         elif item.get("kind") == "function":
             namespace[name] = _Replay(name, calls.get(name, []))
+            if _is_device_function(name, namespace):
+                _state["device"][name] = exercise
+                _wrap_reaching(namespace)
         else:
             namespace[name] = codec.materialise(item.get("value"))
 

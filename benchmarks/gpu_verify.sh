@@ -86,7 +86,7 @@ if want problems; then
     step exercises_fail python3 -m pytest -p no:cacheprovider -q -n 8 tests/test_exercises.py
 fi
 if want grading; then
-    step grading python3 -m pytest -p no:cacheprovider -q -n 4 --dist load \
+    step grading python3 -m pytest -p no:cacheprovider -q -n 10 --dist load \
         tests/test_wrong_answers.py -k "scores_right_and_wrong"
 fi
 echo

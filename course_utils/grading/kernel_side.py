@@ -122,6 +122,8 @@ def _publish(kind: str, key: str, payload):
 
 def _rng_states():
     out = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    if torch.cuda.is_available():   # checks that draw on the GPU draw the same there too
+        out["cuda"] = [s.clone() for s in torch.cuda.get_rng_state_all()]
     try:
         import numpy as np
         s = np.random.get_state()
@@ -136,6 +138,9 @@ def _set_rng_states(st):
     if not st:
         return
     torch.set_rng_state(st["torch"])
+    cuda = st.get("cuda")
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
     rs = st["random"]
     random.setstate((rs[0], tuple(rs[1]), rs[2]))
     if "numpy" in st:

@@ -6,6 +6,7 @@ fixture, 2 workers) and every test that reads it shares the xdist group.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import hashlib
 import io
@@ -585,6 +586,35 @@ def test_codec_round_trip_tensors(shape, dtype):
     back = codec.decode(codec.loads(codec.dumps({"t": t, "dt": dtype, "size": t.shape})))
     assert torch.equal(back["t"], t) and back["t"].dtype == dtype
     assert back["dt"] == dtype and back["size"] == tuple(shape)
+
+
+def test_codec_tensors_travel_on_the_cpu_and_go_back_to_their_device():
+    # a result recorded on the GPU comes back there in the checking kernel (autograd
+    # refuses a gradient on another device than its input); a "meta" tensor stands in
+    # for a GPU one here
+    t = torch.arange(6.0).reshape(2, 3)
+    enc = codec.encode(t)
+    assert set(enc) == {"__tensor__"}           # a CPU tensor carries no device
+    enc["__on__"] = "meta"
+    back = codec.decode(enc)
+    assert back.device.type == "cpu" and torch.equal(back, t)   # decoding builds CPU data only
+    assert codec.materialise(back).device.type == "meta"
+    assert codec.materialise([back])[0].device.type == "meta"
+    enc["__on__"] = "evil(device)"
+    assert codec.materialise(codec.decode(enc)).device.type == "cpu"
+
+
+def test_grader_skip_cells_are_left_out_of_every_graded_notebook(tiny):
+    tpl = grader.load_template(H.NAME, root=tiny)
+    nb = copy.deepcopy(tpl.nb)
+    nb.cells.append(nbformat.v4.new_code_cell("# GRADER_SKIP (timings)\ntimed = sum(range(9))"))
+    for mode in ("reference", "student", "verify"):
+        built, roles = instrument.build(nb, tpl.exercises, mode, {}, nonce="n")
+        assert not any("timed = " in c.source for c in built.cells), mode
+        assert len(built.cells) == len(roles)
+    nb.cells[-1].source = "# an ordinary cell\ntimed = sum(range(9))"
+    built, _ = instrument.build(nb, tpl.exercises, "verify", nonce="n")
+    assert any("timed = " in c.source for c in built.cells)
 
 
 def test_codec_flattens_hostile_values():

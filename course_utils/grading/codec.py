@@ -50,7 +50,8 @@ class Record:
 
 
 def materialise(x, _depth=0):
-    """``x`` with each :class:`Record` made an instance of its class, when that class
+    """``x`` with each tensor back on the device it was recorded on (when this machine
+    has it) and each :class:`Record` made an instance of its class, when that class
     is a dataclass defined by a ``course_utils`` module already imported in this
     process (never ``course_utils.grading``). Nothing is imported; a record of any
     other class stays an :class:`Unserializable`. Used in the checking kernel, after
@@ -58,6 +59,14 @@ def materialise(x, _depth=0):
     if _depth > _MAX_DEPTH:
         return x
     d = _depth + 1
+    if isinstance(x, torch.Tensor):
+        on = getattr(x, "_course_device", None)
+        if on is not None:
+            try:
+                return x.to(on)
+            except (RuntimeError, AssertionError):  # that device is not on this machine
+                return x
+        return x
     if isinstance(x, Record):
         values = [materialise(v, d) for v in x.values]
         mod, _, qual = x.name.partition(":")
@@ -120,7 +129,10 @@ def encode(x, _depth=0):
         t = x.detach().to("cpu")
         if type(t) is not torch.Tensor:
             t = t.as_subclass(torch.Tensor)
-        return {"__tensor__": t.clone()}
+        out = {"__tensor__": t.clone()}
+        if x.device.type != "cpu":   # travels on the CPU; materialise puts it back
+            out["__on__"] = str(x.device)
+        return out
     if isinstance(x, torch.dtype):
         return {"__dtype__": str(x).replace("torch.", "")}
     if isinstance(x, torch.device):
@@ -224,6 +236,10 @@ def _decode(tree, depth):
             raise CodecError(f"{tag} does not hold a plain CPU tensor")
         if tag == "__ndarray__":
             return val.numpy()
+        on = tree.get("__on__")
+        if type(on) is str and _DEVICE.match(on) and on != "cpu":
+            val = val.detach()        # a new tensor object on the same data
+            val._course_device = on   # the device it was recorded on (see materialise)
         return val
     if tag == "__dtype__":
         if type(val) is not str or val not in _DTYPES:

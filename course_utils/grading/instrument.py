@@ -37,6 +37,9 @@ from course_utils import problems
 
 KERNEL_NAME = "__course_grade__"
 _NBVAL_RE = re.compile(r"#\s*NBVAL_[A-Z_]+")
+# a template cell that only measures (GPU timings: how often it launches an answer's
+# kernel depends on the clock) is left out of every graded notebook
+GRADER_SKIP_RE = re.compile(r"^\s*#\s*GRADER_SKIP\b", re.M)
 
 
 class TemplateError(ValueError):
@@ -280,6 +283,8 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
             continue
         role, e = by_index.get(i, ("code", None))
         ex = e.id if e else None
+        if role == "code" and GRADER_SKIP_RE.search(cell.source):
+            continue
         if role == "answer":
             names = answer_names(cell.source, f"answer cell of exercise {ex}")
             if mode == "verify":

@@ -50,6 +50,7 @@ import torch
 from course_utils.constants import ALIGNMENTS, CAUSAL_LOWER_RIGHT, CAUSAL_UPPER_LEFT
 
 __all__ = ["AttentionShape", "Implementation", "IMPLEMENTATIONS", "implementation",
+           "implementations",
            "validate_attention", "GQAError", "causal_mask", "visible_keys", "Case", "cases",
            "LAYOUTS", "CAUSAL_UPPER_LEFT", "CAUSAL_LOWER_RIGHT", "ALIGNMENTS", "FLOAT_DTYPES"]
 
@@ -127,8 +128,14 @@ class Implementation:
     ``multiple_of``: ``Nq`` and ``Nk`` must be multiples of it. ``backward``: gradients
     flow. ``kind``: ``"sdpa"`` (q, k, v, SDPA's defaults) or ``"decode"`` (q against a KV
     cache laid out per kv head, so ``enable_gqa`` defaults to True, as in flash-attn's
-    ``flash_attn_with_kvcache``). Every implementation computes the non-causal case and
-    takes GQA (``Hkv`` dividing ``Hq``)."""
+    ``flash_attn_with_kvcache``; the ``Nq`` new tokens are the last of the cache, so
+    ``Nq <= Nk``). ``gqa``: takes ``Hq != Hkv`` (``Hkv`` dividing ``Hq``; with
+    ``False`` only ``Hq == Hkv``). ``returns_lse``: takes ``return_lse=True`` and
+    returns ``(o, lse)``. ``interpreter_dtypes``: the dtypes it takes in Triton's CPU
+    interpreter when fewer than ``dtypes`` (the interpreter computes the others wrong
+    for that kernel; ``None``: all of them). Every implementation computes the
+    non-causal case and takes every layout of :data:`LAYOUTS` (``strides`` says whether
+    it reads them in place or copies them)."""
     name: str
     module: str
     function: str
@@ -144,6 +151,7 @@ class Implementation:
     kind: str = "sdpa"
     gqa: bool = True
     returns_lse: bool = True
+    interpreter_dtypes: Optional[tuple] = None
 
     def load(self):
         """The function itself (imported on first use: Hopper modules need a GPU)."""
@@ -166,6 +174,20 @@ class Implementation:
         from course_utils import device
         return torch.device("cpu") if self.devices == "any" else device.DEVICE
 
+    def interpreted(self) -> bool:
+        """True when its Triton kernels run in the CPU interpreter on this machine."""
+        from course_utils import device
+        return self.devices != "any" and device.INTERPRET
+
+    def dtypes_for(self, interpreter=None) -> tuple:
+        """The dtypes it takes in Triton's CPU interpreter (``interpreter=True``), on a
+        GPU (``False``) or on this machine (``None``)."""
+        if interpreter is None:
+            interpreter = self.interpreted()
+        if interpreter and self.interpreter_dtypes is not None:
+            return tuple(self.interpreter_dtypes)
+        return tuple(self.dtypes)
+
     # what a caller iterates over: the declared values of each axis of a case
     def settings(self) -> tuple:
         """Causal settings it computes: ``None`` (no mask) and each declared alignment."""
@@ -177,14 +199,21 @@ class Implementation:
             return tuple(self.head_dims)
         return tuple(d for d in EXAMPLE_HEAD_DIMS if self._head_dim_ok(d))
 
-    def refusal(self, *, dtype, D, Nq, Nk, Hq, Hkv, alignment=None) -> Optional[Exception]:
+    def refusal(self, *, dtype, D, Nq, Nk, Hq, Hkv, alignment=None,
+                interpreter=None) -> Optional[Exception]:
         """The error :func:`validate_attention` raises for a call outside this record's
-        declarations (``alignment``: ``None`` for no mask), or ``None`` when it is
-        declared. Shapes, devices and hardware are checked by the validator itself."""
+        declarations (``alignment``: ``None`` for no mask; ``interpreter``: as in
+        :meth:`dtypes_for`), or ``None`` when it is declared. Shapes, devices and
+        hardware are checked by the validator itself."""
         what = self.function
+        names = lambda ts: ", ".join(str(t).replace("torch.", "") for t in ts)  # noqa: E731
         if dtype not in self.dtypes:
-            names = ", ".join(str(t).replace("torch.", "") for t in self.dtypes)
-            return TypeError(f"{what} takes {names} tensors, got {dtype}")
+            return TypeError(f"{what} takes {names(self.dtypes)} tensors, got {dtype}")
+        if dtype not in self.dtypes_for(interpreter):
+            return TypeError(f"{what} takes {names(self.dtypes_for(interpreter))} tensors in "
+                             f"Triton's CPU interpreter, got {dtype} (the interpreter computes "
+                             f"this kernel wrong in {str(dtype).replace('torch.', '')}; a GPU "
+                             f"takes {names(self.dtypes)})")
         if not self._head_dim_ok(D):
             if self.head_dims is not None:
                 return ValueError(f"head dim D must be one of {self.head_dims} for {what}, "
@@ -207,13 +236,15 @@ class Implementation:
                                       f"{what}, got {name}={n}")
         return None
 
-    def declares(self, case: "Case") -> bool:
+    def declares(self, case: "Case", interpreter=None) -> bool:
         """True when ``case`` lies inside what this record declares (and, for a
-        ``"decode"`` record, its new tokens fit in the cache: ``Nq <= Nk``)."""
+        ``"decode"`` record, its new tokens fit in the cache: ``Nq <= Nk``);
+        ``interpreter`` as in :meth:`dtypes_for`."""
         if case.layout not in LAYOUTS or (self.kind == "decode" and case.Nq > case.Nk):
             return False
         return self.refusal(dtype=case.dtype, D=case.D, Nq=case.Nq, Nk=case.Nk, Hq=case.Hq,
-                            Hkv=case.Hkv, alignment=case.alignment) is None
+                            Hkv=case.Hkv, alignment=case.alignment,
+                            interpreter=interpreter) is None
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -227,9 +258,12 @@ IMPLEMENTATIONS = {r.name: r for r in (
                    returns_lse=False, **_REF),
     Implementation("triton", "course_utils.triton_attention", "triton_attention",
                    dtypes=_TRITON_DTYPES, max_head_dim=256, devices="triton", backward=True),
+    # bfloat16 tiles loaded through a tensor descriptor reach tl.dot as wrong values in
+    # the CPU interpreter (pointer loads are fine): float16 only there
     Implementation("tma", "course_utils.hopper.triton_fwd", "attention_tma", dtypes=_HALF,
                    alignments=(CAUSAL_UPPER_LEFT,), head_dims=(16, 32, 64, 128),
-                   devices="triton", strides="contiguous"),
+                   devices="triton", strides="contiguous",
+                   interpreter_dtypes=(torch.float16,)),
     Implementation("gluon", "course_utils.hopper.gluon_fwd", "attention_gluon", dtypes=_HALF,
                    alignments=(), head_dims=(64, 128), devices="hopper", strides="contiguous",
                    multiple_of=128),
@@ -245,6 +279,19 @@ IMPLEMENTATIONS = {r.name: r for r in (
                    default_alignment=CAUSAL_LOWER_RIGHT, head_dims=(16, 32, 64, 128, 256),
                    devices="triton", kind="decode"),
 )}
+
+
+def implementations(*, package=None, kind=None, devices=None, backward=None) -> list:
+    """The records that match every filter given: ``package`` (their module lives in it,
+    e.g. ``"course_utils.hopper"``), ``kind``, ``devices`` (one value or a tuple),
+    ``backward``. The order is that of :data:`IMPLEMENTATIONS`."""
+    if isinstance(devices, str):
+        devices = (devices,)
+    return [r for r in IMPLEMENTATIONS.values()
+            if (package is None or r.module == package or r.module.startswith(package + "."))
+            and (kind is None or r.kind == kind)
+            and (devices is None or r.devices in devices)
+            and (backward is None or r.backward == backward)]
 
 
 def implementation(name) -> Implementation:
@@ -429,11 +476,14 @@ def _pairwise(axes):
 
 
 def cases(impl, sizes: Iterable[tuple], *, dtypes=None, head_dims=None, settings=None,
-          layouts=None, cover="pairs", keep: Optional[Callable[[Case], bool]] = None):
+          layouts=None, cover="pairs", keep: Optional[Callable[[Case], bool]] = None,
+          interpreter=None):
     """The calls that test (or time) ``impl``, from what its record declares.
 
     ``sizes``: ``(B, Hq, Hkv, Nq, Nk)`` tuples, the caller's choice (tiny on a CPU, real
-    on a GPU). The other axes default to the record's declarations: its ``dtypes``,
+    on a GPU). The other axes default to the record's declarations: its dtypes (those of
+    :meth:`~Implementation.dtypes_for` ``interpreter``: this machine by default, ``False``
+    for a GPU),
     :meth:`~Implementation.example_head_dims`, :meth:`~Implementation.settings` (no mask
     and each alignment) and :data:`LAYOUTS`. A caller may narrow an axis by passing
     values; a value the record does not declare is dropped, never tried.
@@ -460,7 +510,7 @@ def cases(impl, sizes: Iterable[tuple], *, dtypes=None, head_dims=None, settings
         raise ValueError("sizes must name at least one (B, Hq, Hkv, Nq, Nk)")
     pick = lambda given, declared: [x for x in (declared if given is None else given)  # noqa: E731
                                     if x in declared]
-    axes = [pick(dtypes, tuple(rec.dtypes)),
+    axes = [pick(dtypes, rec.dtypes_for(interpreter)),
             [d for d in (rec.example_head_dims() if head_dims is None else head_dims)
              if rec._head_dim_ok(d)],
             pick(settings, rec.settings()),
@@ -473,7 +523,7 @@ def cases(impl, sizes: Iterable[tuple], *, dtypes=None, head_dims=None, settings
     def make(size, combo):
         c = Case(rec.name, *size, D=combo[1], dtype=combo[0], alignment=combo[2],
                  layout=combo[3])
-        return c if rec.declares(c) and (keep is None or keep(c)) else None
+        return c if rec.declares(c, interpreter) and (keep is None or keep(c)) else None
 
     out = []
     if cover == "all":

@@ -92,7 +92,7 @@ def test_undeclared_settings_are_refused_before_any_work(rec):
             with pytest.raises(ValueError, match="causal"):
                 _call(rec, q, k, v, is_causal=True, alignment=alignment, enable_gqa=True)
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        if dtype not in rec.dtypes:
+        if dtype not in rec.dtypes_for():           # on this machine (interpreter or GPU)
             with pytest.raises(TypeError, match="takes"):
                 _call(rec, q.to(dtype), k.to(dtype), v.to(dtype), enable_gqa=True)
     if rec.head_dims or rec.max_head_dim:
@@ -207,7 +207,7 @@ def _undeclared(rec):
     import dataclasses
     base = _base(rec)
     out = [(dataclasses.replace(base, dtype=dt), TypeError)
-           for dt in FLOAT_DTYPES if dt not in rec.dtypes]
+           for dt in FLOAT_DTYPES if dt not in rec.dtypes_for()]
     out += [(dataclasses.replace(base, D=d), ValueError)
             for d in (8, 24, 48, 512) if not rec._head_dim_ok(d)]
     out += [(dataclasses.replace(base, alignment=a), ValueError)
@@ -227,7 +227,9 @@ def test_cases_are_exactly_the_declared_ones(rec):
         validate_attention(*c.inputs(device=rec.device_for()), impl=rec, hardware=False,
                            is_causal=c.is_causal, alignment=c.alignment, enable_gqa=True)
     # every declared value of every axis appears, nothing else does
-    assert {c.dtype for c in every} == set(rec.dtypes)
+    assert {c.dtype for c in every} == set(rec.dtypes_for())
+    on_gpu = cases(rec, TINY, cover="all", interpreter=False)
+    assert {c.dtype for c in on_gpu} == set(rec.dtypes) >= set(rec.dtypes_for(True))
     assert {c.D for c in every} == set(rec.example_head_dims())
     assert {c.alignment for c in every} == set(rec.settings())
     assert {c.layout for c in every} == set(LAYOUTS)
@@ -266,18 +268,18 @@ def test_the_validator_refuses_what_a_record_does_not_declare(rec):
 
 def test_a_new_declaration_adds_cases_and_a_withdrawn_one_removes_them():
     import dataclasses
-    tma = implementation("tma")
-    before = cases(tma, TINY, cover="all")
+    tma = implementation("tma")                   # as declared for a GPU
+    before = cases(tma, TINY, cover="all", interpreter=False)
     wider = dataclasses.replace(tma, alignments=ALIGNMENTS, dtypes=tma.dtypes + (torch.float32,))
-    after = cases(wider, TINY, cover="all")
+    after = cases(wider, TINY, cover="all", interpreter=False)
     assert set(before) < set(after)
     added = set(after) - set(before)
     assert {c.alignment for c in added} | {c.dtype for c in added} >= {"causal_lower_right",
                                                                        torch.float32}
-    no_gqa = cases(dataclasses.replace(tma, gqa=False), TINY, cover="all")
+    no_gqa = cases(dataclasses.replace(tma, gqa=False), TINY, cover="all", interpreter=False)
     assert no_gqa and all(c.Hq == c.Hkv for c in no_gqa)
     assert set(no_gqa) == {c for c in before if c.Hq == c.Hkv}
-    few = cases(wider, TINY)
+    few = cases(wider, TINY, interpreter=False)
     assert {c.alignment for c in few} == set(wider.settings())
 
 
@@ -330,3 +332,19 @@ def test_return_lse_is_taken_only_where_declared(rec):
     else:
         with pytest.raises(TypeError, match="return_lse"):
             _call(rec, q, k, v, enable_gqa=True, return_lse=True)
+
+
+def test_interpreter_dtypes_are_refused_in_the_interpreter_only():
+    """A record may take fewer dtypes in Triton's CPU interpreter than on a GPU (the TMA
+    kernel: bfloat16 tensor-descriptor tiles reach tl.dot wrong there)."""
+    tma = implementation("tma")
+    assert tma.dtypes_for(False) == tma.dtypes and tma.dtypes_for(True) == (torch.float16,)
+    err = tma.refusal(dtype=torch.bfloat16, D=16, Nq=8, Nk=8, Hq=2, Hkv=2, interpreter=True)
+    assert isinstance(err, TypeError) and "interpreter" in str(err)
+    assert tma.refusal(dtype=torch.bfloat16, D=16, Nq=8, Nk=8, Hq=2, Hkv=2,
+                       interpreter=False) is None
+    assert tma.dtypes_for() == tma.dtypes_for(device.INTERPRET)
+    if device.INTERPRET:
+        q = torch.randn(1, 2, 8, 16).to(DEV, torch.bfloat16)
+        with pytest.raises(TypeError, match="interpreter"):
+            tma.load()(q, q, q)

@@ -164,7 +164,9 @@ class Implementation:
             return device.IS_HOPPER
         return True
 
-    def _head_dim_ok(self, d):
+    def takes_head_dim(self, d) -> bool:
+        """True when head dim ``d`` is declared (one of ``head_dims``, or at most
+        ``max_head_dim``)."""
         if self.head_dims is not None:
             return d in self.head_dims
         return self.max_head_dim is None or d <= self.max_head_dim
@@ -197,7 +199,7 @@ class Implementation:
         """Its declared head dims, or those of :data:`EXAMPLE_HEAD_DIMS` it takes."""
         if self.head_dims is not None:
             return tuple(self.head_dims)
-        return tuple(d for d in EXAMPLE_HEAD_DIMS if self._head_dim_ok(d))
+        return tuple(d for d in EXAMPLE_HEAD_DIMS if self.takes_head_dim(d))
 
     def refusal(self, *, dtype, D, Nq, Nk, Hq, Hkv, alignment=None,
                 interpreter=None) -> Optional[Exception]:
@@ -214,7 +216,7 @@ class Implementation:
                              f"Triton's CPU interpreter, got {dtype} (the interpreter computes "
                              f"this kernel wrong in {str(dtype).replace('torch.', '')}; a GPU "
                              f"takes {names(self.dtypes)})")
-        if not self._head_dim_ok(D):
+        if not self.takes_head_dim(D):
             if self.head_dims is not None:
                 return ValueError(f"head dim D must be one of {self.head_dims} for {what}, "
                                   f"got D={D}")
@@ -512,7 +514,7 @@ def cases(impl, sizes: Iterable[tuple], *, dtypes=None, head_dims=None, settings
                                     if x in declared]
     axes = [pick(dtypes, rec.dtypes_for(interpreter)),
             [d for d in (rec.example_head_dims() if head_dims is None else head_dims)
-             if rec._head_dim_ok(d)],
+             if rec.takes_head_dim(d)],
             pick(settings, rec.settings()),
             pick(layouts, LAYOUTS)]
     names = ("dtypes", "head dims", "causal settings", "layouts")

@@ -209,7 +209,7 @@ def _undeclared(rec):
     out = [(dataclasses.replace(base, dtype=dt), TypeError)
            for dt in FLOAT_DTYPES if dt not in rec.dtypes_for()]
     out += [(dataclasses.replace(base, D=d), ValueError)
-            for d in (8, 24, 48, 512) if not rec._head_dim_ok(d)]
+            for d in (8, 24, 48, 512) if not rec.takes_head_dim(d)]
     out += [(dataclasses.replace(base, alignment=a), ValueError)
             for a in ALIGNMENTS if a not in rec.alignments]
     if rec.multiple_of > 1:

@@ -319,7 +319,8 @@ def test_every_layout_gives_the_same_answer(rec):
         assert not q.is_contiguous()
         ref = _call(rec, q.contiguous(), k.contiguous(), v.contiguous(), **c.options())
         out = _call(rec, q, k, v, **c.options())
-        torch.testing.assert_close(out, ref, atol=0, rtol=0, msg=c.id)
+        # same values in another layout: only the order of a sum may change
+        torch.testing.assert_close(out, ref, msg=c.id)
         assert dataclasses.replace(c, layout="bhnd").inputs(seed=3)[0].is_contiguous()
 
 

@@ -31,25 +31,38 @@ Upper-left: query ``i`` sees key ``j`` when ``j <= i``; lower-right: when
 Every implementation declares what it supports in one :class:`Implementation` record
 of :data:`IMPLEMENTATIONS`; :func:`validate_attention` checks a call against that
 record before any work or kernel launch and returns the resolved
-:class:`AttentionShape`. Tests, GPU checks and benchmarks iterate over the records.
+:class:`AttentionShape`. Tests, GPU checks and benchmarks iterate over the records:
+:func:`cases` expands a record's declarations (dtypes, head dims, causal settings,
+GQA, memory layouts) crossed with the sizes each caller chooses (tiny on a CPU, real
+on a GPU), so a new declaration adds cases everywhere and an undeclared combination
+never appears.
 """
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 import torch
 
 from course_utils.constants import ALIGNMENTS, CAUSAL_LOWER_RIGHT, CAUSAL_UPPER_LEFT
 
 __all__ = ["AttentionShape", "Implementation", "IMPLEMENTATIONS", "implementation",
-           "validate_attention", "GQAError", "causal_mask", "visible_keys",
-           "CAUSAL_UPPER_LEFT", "CAUSAL_LOWER_RIGHT", "ALIGNMENTS", "FLOAT_DTYPES"]
+           "implementations",
+           "validate_attention", "GQAError", "causal_mask", "visible_keys", "Case", "cases",
+           "LAYOUTS", "CAUSAL_UPPER_LEFT", "CAUSAL_LOWER_RIGHT", "ALIGNMENTS", "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _HALF = (torch.float16, torch.bfloat16)
+# memory layouts of a (B, H, N, D) argument: "bhnd" is contiguous; "bnhd" is a
+# (B, N, H, D) tensor viewed through .transpose(1, 2) (heads interleaved, as a
+# projection's output is before it is reshaped), so its strides are not the default
+LAYOUTS = ("bhnd", "bnhd")
+# head dims tried for a record that takes any head dim (up to its maximum): powers of
+# two and two that a kernel must pad (48, 80)
+EXAMPLE_HEAD_DIMS = (16, 32, 48, 64, 80, 128, 256)
 
 
 class GQAError(ValueError, RuntimeError):
@@ -115,8 +128,14 @@ class Implementation:
     ``multiple_of``: ``Nq`` and ``Nk`` must be multiples of it. ``backward``: gradients
     flow. ``kind``: ``"sdpa"`` (q, k, v, SDPA's defaults) or ``"decode"`` (q against a KV
     cache laid out per kv head, so ``enable_gqa`` defaults to True, as in flash-attn's
-    ``flash_attn_with_kvcache``). Every implementation computes the non-causal case and
-    takes GQA (``Hkv`` dividing ``Hq``)."""
+    ``flash_attn_with_kvcache``; the ``Nq`` new tokens are the last of the cache, so
+    ``Nq <= Nk``). ``gqa``: takes ``Hq != Hkv`` (``Hkv`` dividing ``Hq``; with
+    ``False`` only ``Hq == Hkv``). ``returns_lse``: takes ``return_lse=True`` and
+    returns ``(o, lse)``. ``interpreter_dtypes``: the dtypes it takes in Triton's CPU
+    interpreter when fewer than ``dtypes`` (the interpreter computes the others wrong
+    for that kernel; ``None``: all of them). Every implementation computes the
+    non-causal case and takes every layout of :data:`LAYOUTS` (``strides`` says whether
+    it reads them in place or copies them)."""
     name: str
     module: str
     function: str
@@ -130,6 +149,9 @@ class Implementation:
     multiple_of: int = 1
     backward: bool = False
     kind: str = "sdpa"
+    gqa: bool = True
+    returns_lse: bool = True
+    interpreter_dtypes: Optional[tuple] = None
 
     def load(self):
         """The function itself (imported on first use: Hopper modules need a GPU)."""
@@ -142,7 +164,9 @@ class Implementation:
             return device.IS_HOPPER
         return True
 
-    def _head_dim_ok(self, d):
+    def takes_head_dim(self, d) -> bool:
+        """True when head dim ``d`` is declared (one of ``head_dims``, or at most
+        ``max_head_dim``)."""
         if self.head_dims is not None:
             return d in self.head_dims
         return self.max_head_dim is None or d <= self.max_head_dim
@@ -151,6 +175,78 @@ class Implementation:
         """The torch device its inputs must live on."""
         from course_utils import device
         return torch.device("cpu") if self.devices == "any" else device.DEVICE
+
+    def interpreted(self) -> bool:
+        """True when its Triton kernels run in the CPU interpreter on this machine."""
+        from course_utils import device
+        return self.devices != "any" and device.INTERPRET
+
+    def dtypes_for(self, interpreter=None) -> tuple:
+        """The dtypes it takes in Triton's CPU interpreter (``interpreter=True``), on a
+        GPU (``False``) or on this machine (``None``)."""
+        if interpreter is None:
+            interpreter = self.interpreted()
+        if interpreter and self.interpreter_dtypes is not None:
+            return tuple(self.interpreter_dtypes)
+        return tuple(self.dtypes)
+
+    # what a caller iterates over: the declared values of each axis of a case
+    def settings(self) -> tuple:
+        """Causal settings it computes: ``None`` (no mask) and each declared alignment."""
+        return (None,) + tuple(self.alignments)
+
+    def example_head_dims(self) -> tuple:
+        """Its declared head dims, or those of :data:`EXAMPLE_HEAD_DIMS` it takes."""
+        if self.head_dims is not None:
+            return tuple(self.head_dims)
+        return tuple(d for d in EXAMPLE_HEAD_DIMS if self.takes_head_dim(d))
+
+    def refusal(self, *, dtype, D, Nq, Nk, Hq, Hkv, alignment=None,
+                interpreter=None) -> Optional[Exception]:
+        """The error :func:`validate_attention` raises for a call outside this record's
+        declarations (``alignment``: ``None`` for no mask; ``interpreter``: as in
+        :meth:`dtypes_for`), or ``None`` when it is declared. Shapes, devices and
+        hardware are checked by the validator itself."""
+        what = self.function
+        names = lambda ts: ", ".join(str(t).replace("torch.", "") for t in ts)  # noqa: E731
+        if dtype not in self.dtypes:
+            return TypeError(f"{what} takes {names(self.dtypes)} tensors, got {dtype}")
+        if dtype not in self.dtypes_for(interpreter):
+            return TypeError(f"{what} takes {names(self.dtypes_for(interpreter))} tensors in "
+                             f"Triton's CPU interpreter, got {dtype} (the interpreter computes "
+                             f"this kernel wrong in {str(dtype).replace('torch.', '')}; a GPU "
+                             f"takes {names(self.dtypes)})")
+        if not self.takes_head_dim(D):
+            if self.head_dims is not None:
+                return ValueError(f"head dim D must be one of {self.head_dims} for {what}, "
+                                  f"got D={D}")
+            return ValueError(f"head dim D={D} is too large for {what}: D must be at most "
+                              f"{self.max_head_dim}")
+        if alignment is not None and alignment not in self.alignments:
+            if not self.alignments:
+                return ValueError(f"{what} computes non-causal attention only: pass "
+                                  f"is_causal=False")
+            return ValueError(f"{what} supports the causal alignments {self.alignments}, "
+                              f"got alignment={alignment!r}")
+        if Hq != Hkv and not self.gqa:
+            return GQAError(f"{what} needs as many query heads as key/value heads "
+                            f"(no grouped-query attention), got Hq={Hq}, Hkv={Hkv}")
+        if self.multiple_of > 1:
+            for name, n in (("Nq", Nq), ("Nk", Nk)):
+                if n % self.multiple_of:
+                    return ValueError(f"{name} must be a multiple of {self.multiple_of} for "
+                                      f"{what}, got {name}={n}")
+        return None
+
+    def declares(self, case: "Case", interpreter=None) -> bool:
+        """True when ``case`` lies inside what this record declares (and, for a
+        ``"decode"`` record, its new tokens fit in the cache: ``Nq <= Nk``);
+        ``interpreter`` as in :meth:`dtypes_for`."""
+        if case.layout not in LAYOUTS or (self.kind == "decode" and case.Nq > case.Nk):
+            return False
+        return self.refusal(dtype=case.dtype, D=case.D, Nq=case.Nq, Nk=case.Nk, Hq=case.Hq,
+                            Hkv=case.Hkv, alignment=case.alignment,
+                            interpreter=interpreter) is None
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -161,12 +257,15 @@ IMPLEMENTATIONS = {r.name: r for r in (
     Implementation("fa1", "course_utils.attention", "flash_attention_fa1", **_REF),
     Implementation("fa2", "course_utils.attention", "flash_attention_fa2", **_REF),
     Implementation("tiled_backward", "course_utils.backward", "flash_attention", backward=True,
-                   **_REF),
+                   returns_lse=False, **_REF),
     Implementation("triton", "course_utils.triton_attention", "triton_attention",
                    dtypes=_TRITON_DTYPES, max_head_dim=256, devices="triton", backward=True),
+    # bfloat16 tiles loaded through a tensor descriptor reach tl.dot as wrong values in
+    # the CPU interpreter (pointer loads are fine): float16 only there
     Implementation("tma", "course_utils.hopper.triton_fwd", "attention_tma", dtypes=_HALF,
                    alignments=(CAUSAL_UPPER_LEFT,), head_dims=(16, 32, 64, 128),
-                   devices="triton", strides="contiguous"),
+                   devices="triton", strides="contiguous",
+                   interpreter_dtypes=(torch.float16,)),
     Implementation("gluon", "course_utils.hopper.gluon_fwd", "attention_gluon", dtypes=_HALF,
                    alignments=(), head_dims=(64, 128), devices="hopper", strides="contiguous",
                    multiple_of=128),
@@ -182,6 +281,19 @@ IMPLEMENTATIONS = {r.name: r for r in (
                    default_alignment=CAUSAL_LOWER_RIGHT, head_dims=(16, 32, 64, 128, 256),
                    devices="triton", kind="decode"),
 )}
+
+
+def implementations(*, package=None, kind=None, devices=None, backward=None) -> list:
+    """The records that match every filter given: ``package`` (their module lives in it,
+    e.g. ``"course_utils.hopper"``), ``kind``, ``devices`` (one value or a tuple),
+    ``backward``. The order is that of :data:`IMPLEMENTATIONS`."""
+    if isinstance(devices, str):
+        devices = (devices,)
+    return [r for r in IMPLEMENTATIONS.values()
+            if (package is None or r.module == package or r.module.startswith(package + "."))
+            and (kind is None or r.kind == kind)
+            and (devices is None or r.devices in devices)
+            and (backward is None or r.backward == backward)]
 
 
 def implementation(name) -> Implementation:
@@ -264,33 +376,18 @@ def validate_attention(q, k, v, *, is_causal=False, alignment=None, scale=None,
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
         scale = float(scale)
-    _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware)
+    _check_declared(rec, q, k, d, nq, nk, is_causal, alignment, names, hardware)
     return AttentionShape(b, hq, hkv, nq, nk, d, scale, hq // hkv,
                           alignment if is_causal else None)
 
 
-def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware=True):
+def _check_declared(rec, q, k, d, nq, nk, is_causal, alignment, names, hardware=True):
     """What this implementation declared it supports."""
     what = rec.function
-    if q.dtype not in rec.dtypes:
-        raise TypeError(f"{what} takes {', '.join(str(t).replace('torch.', '') for t in rec.dtypes)}"
-                        f" tensors, got {q.dtype}")
-    if not rec._head_dim_ok(d):
-        if rec.head_dims is not None:
-            raise ValueError(f"head dim D must be one of {rec.head_dims} for {what}, got D={d}")
-        raise ValueError(f"head dim D={d} is too large for {what}: D must be at most "
-                         f"{rec.max_head_dim}")
-    if is_causal and alignment not in rec.alignments:
-        if not rec.alignments:
-            raise ValueError(f"{what} computes non-causal attention only: pass "
-                             f"is_causal=False")
-        raise ValueError(f"{what} supports the causal alignments {rec.alignments}, "
-                         f"got alignment={alignment!r}")
-    if rec.multiple_of > 1:
-        for name, n in (("Nq", nq), ("Nk", nk)):
-            if n % rec.multiple_of:
-                raise ValueError(f"{name} must be a multiple of {rec.multiple_of} for {what}, "
-                                 f"got {name}={n}")
+    err = rec.refusal(dtype=q.dtype, D=d, Nq=nq, Nk=nk, Hq=q.shape[1], Hkv=k.shape[1],
+                      alignment=alignment if is_causal else None)
+    if err is not None:
+        raise err
     if rec.devices != "any":
         from course_utils import device
         if rec.devices == "hopper" and hardware and not device.IS_HOPPER:
@@ -302,3 +399,164 @@ def _check_declared(rec, q, d, nq, nk, is_causal, alignment, names, hardware=Tru
                      if want == "cpu" else "Triton compiles for the GPU on this machine")
             raise ValueError(f"{', '.join(names)} must be on {device.DEVICE} "
                              f"(course_utils.device.DEVICE) for {what}: {where}; got {q.device}")
+
+
+# --------------------------------------------------------------------------- the cases
+@dataclass(frozen=True)
+class Case:
+    """One call of an implementation: its sizes, dtype, causal setting (``alignment``
+    ``None``: no mask) and memory layout (one of :data:`LAYOUTS`)."""
+    impl: str
+    B: int
+    Hq: int
+    Hkv: int
+    Nq: int
+    Nk: int
+    D: int
+    dtype: torch.dtype
+    alignment: Optional[str] = None
+    layout: str = "bhnd"
+
+    @property
+    def is_causal(self) -> bool:
+        return self.alignment is not None
+
+    @property
+    def size(self) -> tuple:
+        """``(B, Hq, Hkv, Nq, Nk)``, the part a caller chooses."""
+        return (self.B, self.Hq, self.Hkv, self.Nq, self.Nk)
+
+    def options(self) -> dict:
+        """Keyword arguments of the call: the causal setting, and ``enable_gqa=True``
+        (every entry point takes it, with ``Hq == Hkv`` too)."""
+        return dict(is_causal=self.is_causal, alignment=self.alignment, enable_gqa=True)
+
+    @property
+    def id(self) -> str:
+        """A short readable name (pytest ids, GPU check lines)."""
+        dt = str(self.dtype).replace("torch.", "")
+        mask = {None: "full", CAUSAL_UPPER_LEFT: "upper_left",
+                CAUSAL_LOWER_RIGHT: "lower_right"}[self.alignment]
+        return (f"{self.impl}-{dt}-D{self.D}-B{self.B}-H{self.Hq}x{self.Hkv}-"
+                f"N{self.Nq}x{self.Nk}-{mask}-{self.layout}")
+
+    def tensor(self, shape, *, device=None, generator=None):
+        """A standard normal ``(B, H, N, D)`` tensor of this case's dtype and layout
+        (drawn in float32 on the CPU from ``generator``, so a seed gives the same values
+        on every machine)."""
+        b, h, n, d = shape
+        dev = implementation(self.impl).device_for() if device is None else device
+        if self.layout == "bnhd":
+            x = torch.randn(b, n, h, d, generator=generator)
+            return x.to(dev, self.dtype).transpose(1, 2)
+        return torch.randn(b, h, n, d, generator=generator).to(dev, self.dtype)
+
+    def inputs(self, *, seed=0, device=None, requires_grad=False):
+        """``q, k, v`` of this case (``device``: default, where its record runs)."""
+        g = torch.Generator().manual_seed(seed)
+        return tuple(self.tensor(s, device=device, generator=g).requires_grad_(requires_grad)
+                     for s in ((self.B, self.Hq, self.Nq, self.D),
+                               (self.B, self.Hkv, self.Nk, self.D),
+                               (self.B, self.Hkv, self.Nk, self.D)))
+
+
+def _pairwise(axes):
+    """Rows of the product of ``axes`` (lists) in which every pair of values of two
+    different axes appears at least once; greedy, deterministic."""
+    rows = list(itertools.product(*axes))
+    if len(axes) < 2:
+        return rows
+    pairs = lambda row: {(i, row[i], j, row[j])  # noqa: E731
+                         for i, j in itertools.combinations(range(len(axes)), 2)}
+    todo = set().union(*(pairs(r) for r in rows))
+    chosen = []
+    while todo:
+        best = max(rows, key=lambda r: len(pairs(r) & todo))   # first best: deterministic
+        chosen.append(best)
+        todo -= pairs(best)
+    return chosen
+
+
+def cases(impl, sizes: Iterable[tuple], *, dtypes=None, head_dims=None, settings=None,
+          layouts=None, cover="pairs", keep: Optional[Callable[[Case], bool]] = None,
+          interpreter=None):
+    """The calls that test (or time) ``impl``, from what its record declares.
+
+    ``sizes``: ``(B, Hq, Hkv, Nq, Nk)`` tuples, the caller's choice (tiny on a CPU, real
+    on a GPU). The other axes default to the record's declarations: its dtypes (those of
+    :meth:`~Implementation.dtypes_for` ``interpreter``: this machine by default, ``False``
+    for a GPU),
+    :meth:`~Implementation.example_head_dims`, :meth:`~Implementation.settings` (no mask
+    and each alignment) and :data:`LAYOUTS`. A caller may narrow an axis by passing
+    values; a value the record does not declare is dropped, never tried.
+
+    ``cover="all"``: every combination of every size with every axis value.
+    ``cover="pairs"``: every pair of values of two axes (dtype with head dim, head dim
+    with causal setting, ...) appears at least once, each combination takes the next
+    size that fits it, and every size is used at least once: far fewer calls than the
+    product, for real sizes on a GPU.
+
+    A case is kept only when the record declares it (GQA sizes for a record without
+    ``gqa``, lengths that are not a multiple of ``multiple_of``, ``Nq > Nk`` for
+    decoding are left out) and ``keep(case)`` (when given) is true. Raises
+    ``ValueError`` when no size fits a declared value, so nothing declared goes
+    untried silently."""
+    rec = implementation(impl)
+    if cover not in ("pairs", "all"):
+        raise ValueError(f"cover must be 'pairs' or 'all', got {cover!r}")
+    sizes = [tuple(s) for s in sizes]
+    for s in sizes:
+        if len(s) != 5 or not all(isinstance(x, int) and x >= 1 for x in s):
+            raise ValueError(f"each size must be (B, Hq, Hkv, Nq, Nk) of positive ints, got {s}")
+    if not sizes:
+        raise ValueError("sizes must name at least one (B, Hq, Hkv, Nq, Nk)")
+    pick = lambda given, declared: [x for x in (declared if given is None else given)  # noqa: E731
+                                    if x in declared]
+    axes = [pick(dtypes, rec.dtypes_for(interpreter)),
+            [d for d in (rec.example_head_dims() if head_dims is None else head_dims)
+             if rec.takes_head_dim(d)],
+            pick(settings, rec.settings()),
+            pick(layouts, LAYOUTS)]
+    names = ("dtypes", "head dims", "causal settings", "layouts")
+    for name, axis in zip(names, axes):
+        if not axis:
+            raise ValueError(f"{rec.name} declares none of the {name} asked for")
+
+    def make(size, combo):
+        c = Case(rec.name, *size, D=combo[1], dtype=combo[0], alignment=combo[2],
+                 layout=combo[3])
+        return c if rec.declares(c, interpreter) and (keep is None or keep(c)) else None
+
+    out = []
+    if cover == "all":
+        for size in sizes:
+            for combo in itertools.product(*axes):
+                c = make(size, combo)
+                if c is not None:
+                    out.append(c)
+    else:
+        combos = _pairwise(axes)
+        nxt, used = 0, set()
+        for combo in combos:
+            for t in range(len(sizes)):
+                c = make(sizes[(nxt + t) % len(sizes)], combo)
+                if c is not None:
+                    out.append(c)
+                    used.add(c.size)
+                    nxt = (nxt + t + 1) % len(sizes)
+                    break
+        for size in sizes:                      # every size at least once
+            if size in used:
+                continue
+            for t in range(len(combos)):
+                c = make(size, combos[(len(out) + t) % len(combos)])
+                if c is not None:
+                    out.append(c)
+                    used.add(size)
+                    break
+    for name, axis, get in zip(names, axes, (lambda c: c.dtype, lambda c: c.D,
+                                             lambda c: c.alignment, lambda c: c.layout)):
+        missing = [x for x in axis if x not in {get(c) for c in out}]
+        if missing:
+            raise ValueError(f"no size of {sizes} fits {rec.name} with {name} {missing}")
+    return out

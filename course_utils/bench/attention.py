@@ -4,7 +4,9 @@
 and of forward+backward, causal and not, for head dims 64 and 128, N = 1k .. 16k,
 B = 4, H = 32, float16 and bfloat16, for
 
-* ``triton``: :func:`course_utils.triton_attention.triton_attention` (autotuned);
+* ``triton``: :func:`course_utils.triton_attention.triton_attention` (autotuned; the
+  record of :mod:`course_utils.contract` with a Triton backward decides which dtypes,
+  head dims, modes and causal settings may be asked for);
 * ``flash``: ``scaled_dot_product_attention`` restricted to ``SDPBackend.FLASH_ATTENTION``;
 * ``cudnn``: the same restricted to ``SDPBackend.CUDNN_ATTENTION``.
 
@@ -25,9 +27,15 @@ import torch
 
 from course_utils import device
 from course_utils.bench import common
+from course_utils.contract import cases, implementations
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-BACKENDS = ("triton", "flash", "cudnn")
+# the kernel timed: the Triton kernel of SDPA's contract with a backward (lessons 6-7)
+KERNEL = implementations(kind="sdpa", devices="triton", backward=True)[0]
+# SDPA's flash and cuDNN back ends (the baselines) take 16-bit inputs: the dtypes on
+# offer are those the kernel declares among them
+DTYPES = {name: t for name, t in (("fp16", torch.float16), ("bf16", torch.bfloat16))
+          if t in KERNEL.dtypes}
+BACKENDS = (KERNEL.name, "flash", "cudnn")
 COLORS = {"triton": "tab:red", "flash": "tab:blue", "cudnn": "tab:green"}
 
 
@@ -58,17 +66,42 @@ def parse(argv):
     for m in args.modes:
         if m not in ("fwd", "fwd+bwd"):
             ap.error(f"--modes takes fwd and/or fwd+bwd, got {m!r}")
+        if m == "fwd+bwd" and not KERNEL.backward:
+            ap.error(f"{KERNEL.function} declares no backward: --modes fwd")
     for d in args.dtype:
         if d not in DTYPES:
-            ap.error(f"--dtype takes fp16 and/or bf16, got {d!r}")
+            ap.error(f"--dtype takes {' and/or '.join(DTYPES)}, got {d!r}")
+    for d in args.d:
+        if not KERNEL.takes_head_dim(d):
+            ap.error(f"--d {d} is not a head dim {KERNEL.function} declares")
     args.causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    if True in args.causal and not KERNEL.alignments:
+        ap.error(f"{KERNEL.function} declares no causal mask: --causal no")
     return args
 
 
+def grid(args):
+    """The points to measure, ``(mode, causal, d, n, dtype_name)`` in the order they run
+    and are saved: the cases the kernel's record declares at ``N = Nq = Nk`` in
+    ``args.n`` (B and H from ``args``), narrowed to the dtypes, head dims and causal
+    settings asked for."""
+    causal_setting = (KERNEL.default_alignment if KERNEL.default_alignment in KERNEL.alignments
+                      else (KERNEL.alignments or (None,))[0])
+    declared = {(c.is_causal, c.D, c.Nq, c.dtype) for c in cases(
+        KERNEL, [(args.batch, args.heads, args.heads, n, n) for n in args.n],
+        dtypes=[DTYPES[x] for x in args.dtype], head_dims=args.d,
+        settings=[causal_setting if c else None for c in args.causal], layouts=["bhnd"],
+        cover="all", interpreter=False)}
+    return [(mode, causal, d, n, dtype_name)
+            for dtype_name in args.dtype for mode in args.modes for causal in args.causal
+            for d in args.d for n in args.n
+            if (causal, d, n, DTYPES[dtype_name]) in declared]
+
+
 def _backend_fn(name, q, k, v, causal):
-    if name == "triton":
-        from course_utils.triton_attention import triton_attention
-        return lambda: triton_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    if name == KERNEL.name:
+        fn = KERNEL.load()
+        return lambda: fn(q, k, v, is_causal=causal, enable_gqa=True)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
@@ -201,15 +234,11 @@ def main(argv):
         kept = json.loads(old.read_text())["rows"]
     cols = ["mode", "causal", "d", "n", "dtype", "triton", "flash", "cudnn", "x_flash",
             "x_cudnn", "err_vs_flash"]
-    for dtype_name in args.dtype:
-        for mode in args.modes:
-            for causal in args.causal:
-                for d in args.d:
-                    for n in args.n:
-                        row = measure(mode, causal, d, n, dtype_name, args)
-                        rows.append(row)
-                        print(common.table([row], cols).splitlines()[-1], flush=True)
-                        path = _save(args, rows, kept, cols)   # a cut-off run keeps its rows
+    for mode, causal, d, n, dtype_name in grid(args):
+        row = measure(mode, causal, d, n, dtype_name, args)
+        rows.append(row)
+        print(common.table([row], cols).splitlines()[-1], flush=True)
+        path = _save(args, rows, kept, cols)   # a cut-off run keeps its rows
     print()
     print(common.table(rows, cols))
     print(f"saved {path}")

@@ -3,7 +3,8 @@
 ``python -m course_utils.bench decode`` times, in one run, on fp16 with Hq = 32,
 Hkv = 8, D = 128 and B in {1, 8, 64}, cache lengths 1k .. 128k:
 
-* the split-KV Triton kernel of :mod:`course_utils.triton_decode`;
+* the split-KV Triton kernel of :mod:`course_utils.triton_decode` (its record in
+  :mod:`course_utils.contract` must declare the shape: :func:`grid`);
 * SDPA's flash, cuDNN, memory-efficient and math backends (each with ``enable_gqa``
   when it takes it, else on K/V expanded to 32 heads ahead of time, marked so);
 * a plain PyTorch grouped matmul (queries of a group stacked, K/V read once);
@@ -24,8 +25,12 @@ import torch
 
 from course_utils import device
 from course_utils.bench import common
+from course_utils.contract import cases, implementations
 
 HQ, HKV, D = 32, 8, 128
+DTYPE = torch.float16
+# the compiled decode kernel (lesson 9)
+KERNEL = implementations(kind="decode", devices=("triton", "hopper"))[0]
 BATCHES = (1, 8, 64)
 LENGTHS = (1024, 4096, 16384, 32768, 65536, 131072)
 CACHE_LIMIT = 36e9        # bytes of K+V we allocate at most (80 GB card)
@@ -115,6 +120,16 @@ def copy_bandwidth(nbytes=2 * 1024 ** 3):
     return 2 * nbytes / (ms * 1e-3)
 
 
+def grid(batches, lengths):
+    """The ``(B, cache length)`` points, in the order they run: the decode record's
+    cases for one new token at ``HQ``/``HKV`` heads, head dim ``D``, float16, its
+    default causal setting (``ValueError`` if the record does not declare them)."""
+    return [(c.B, c.Nk) for c in cases(
+        KERNEL, [(b, HQ, HKV, 1, n) for b in batches for n in lengths], dtypes=[DTYPE],
+        head_dims=[D], settings=[KERNEL.default_alignment], layouts=["bhnd"], cover="all",
+        interpreter=False)]
+
+
 def run(batches, lengths, sweep=True):
     from course_utils.decoding import kv_bytes_per_step
     from course_utils.triton_decode import choose_num_splits
@@ -123,35 +138,34 @@ def run(batches, lengths, sweep=True):
     print(f"device-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)")
     rows, notes = [], {}
     scale = 1 / math.sqrt(D)
-    for b in batches:
-        for n in lengths:
-            kv = kv_bytes_per_step(b, HKV, n, D)
-            if kv > CACHE_LIMIT:
-                print(f"B={b} cache={n}: skipped, K+V would take {kv / 1e9:.0f} GB")
-                continue
-            torch.manual_seed(0)
-            q = torch.randn(b, HQ, 1, D, device=device.DEVICE, dtype=torch.float16)
-            k = torch.randn(b, HKV, n, D, device=device.DEVICE, dtype=torch.float16)
-            v = torch.randn_like(k)
-            kx = vx = None
-            if kv * (HQ // HKV - 1) <= EXPAND_LIMIT:
-                kx = k.repeat_interleave(HQ // HKV, dim=1)
-                vx = v.repeat_interleave(HQ // HKV, dim=1)
-            row = {"B": b, "cache": n, "kv_bytes": kv,
-                   "splits": choose_num_splits(b, HKV, n)}
-            try:
-                measure_row(row, q, k, v, kx, vx, notes, scale, copy_bw)
-            except Exception as err:  # noqa: BLE001 - keep the rest of the table
-                notes[f"B={b} cache={n}"] = f"{type(err).__name__}: {str(err)[:200]}"
-                print(f"B={b} cache={n}: FAILED {notes[f'B={b} cache={n}']}", flush=True)
-                torch.cuda.synchronize()
-                continue
-            rows.append(row)
-            print(common.table([row], ["B", "cache", "splits", "triton_ms", "triton_eager_ms",
-                                       "best_sdpa", "best_sdpa_ms", "speedup_vs_best_sdpa",
-                                       "bw_fraction_of_copy", "max_err"]), flush=True)
-            del q, k, v, kx, vx
-            torch.cuda.empty_cache()
+    for b, n in grid(batches, lengths):
+        kv = kv_bytes_per_step(b, HKV, n, D)
+        if kv > CACHE_LIMIT:
+            print(f"B={b} cache={n}: skipped, K+V would take {kv / 1e9:.0f} GB")
+            continue
+        torch.manual_seed(0)
+        q = torch.randn(b, HQ, 1, D, device=device.DEVICE, dtype=DTYPE)
+        k = torch.randn(b, HKV, n, D, device=device.DEVICE, dtype=DTYPE)
+        v = torch.randn_like(k)
+        kx = vx = None
+        if kv * (HQ // HKV - 1) <= EXPAND_LIMIT:
+            kx = k.repeat_interleave(HQ // HKV, dim=1)
+            vx = v.repeat_interleave(HQ // HKV, dim=1)
+        row = {"B": b, "cache": n, "kv_bytes": kv,
+               "splits": choose_num_splits(b, HKV, n)}
+        try:
+            measure_row(row, q, k, v, kx, vx, notes, scale, copy_bw)
+        except Exception as err:  # noqa: BLE001 - keep the rest of the table
+            notes[f"B={b} cache={n}"] = f"{type(err).__name__}: {str(err)[:200]}"
+            print(f"B={b} cache={n}: FAILED {notes[f'B={b} cache={n}']}", flush=True)
+            torch.cuda.synchronize()
+            continue
+        rows.append(row)
+        print(common.table([row], ["B", "cache", "splits", "triton_ms", "triton_eager_ms",
+                                   "best_sdpa", "best_sdpa_ms", "speedup_vs_best_sdpa",
+                                   "bw_fraction_of_copy", "max_err"]), flush=True)
+        del q, k, v, kx, vx
+        torch.cuda.empty_cache()
     extra = {"copy_TBps": copy_bw / 1e12, "shape": {"Hq": HQ, "Hkv": HKV, "D": D,
                                                    "new_tokens": 1, "dtype": "float16"},
              "sdpa_notes": notes}

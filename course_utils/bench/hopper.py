@@ -5,9 +5,12 @@ in the same run, plus the ablation table (which ingredient gives what).
                                         [--tokens 16384] [--heads 16] [--quick]
 
 Shapes follow the FlashAttention-3 paper's forward benchmark: head dim 128, a fixed
-16k tokens per batch (``B = tokens // N``), 16 heads, non-causal. Every provider's
-output is compared with SDPA before it is timed; a provider that fails to compile or
-to match is listed with its error instead of a speed. Results:
+16k tokens per batch (``B = tokens // N``), 16 heads, non-causal. Each of our providers
+runs one kernel of ``course_utils.hopper`` whose record in :mod:`course_utils.contract`
+decides the dtypes on offer and the points it is timed at (a point its record does not
+declare, e.g. the Gluon kernel at N not a multiple of 128, is listed with the record's
+reason). Every provider's output is compared with SDPA before it is timed; a provider
+that fails to compile or to match is listed with its error instead of a speed. Results:
 ``benchmarks/<device>/hopper.json`` and ``hopper.png``.
 """
 from __future__ import annotations
@@ -20,8 +23,34 @@ import torch
 
 from course_utils import device
 from course_utils.bench import common
+from course_utils.contract import Case, implementation, implementations
 
 D = 128
+KERNELS = implementations(package="course_utils.hopper")
+# 16-bit dtypes every kernel of lesson 8 declares (SDPA's baselines take 16-bit only)
+DTYPES = {name: t for name, t in (("fp16", torch.float16), ("bf16", torch.bfloat16))
+          if all(t in r.dtypes for r in KERNELS)}
+# which record's kernel each of our providers runs (the SDPA baselines have none)
+_KERNEL_OF = (("triton_tma", "tma"), ("gluon", "gluon"), ("fp8", "fp8"))
+
+
+def record_of(provider):
+    """The contract record of the kernel ``provider`` times, or ``None`` for SDPA."""
+    return next((implementation(r) for prefix, r in _KERNEL_OF if provider.startswith(prefix)),
+                None)
+
+
+def undeclared(provider, n, dtype, heads, b=1):
+    """Why ``provider``'s kernel does not declare this benchmark point (non-causal,
+    ``Nq = Nk = n``, head dim :data:`D`, ``heads`` heads), or ``None`` when it does."""
+    rec = record_of(provider)
+    if rec is None:
+        return None
+    err = rec.refusal(dtype=dtype, D=D, Nq=n, Nk=n, Hq=heads, Hkv=heads, interpreter=False)
+    if err is None and not rec.declares(Case(rec.name, b, heads, heads, n, n, D, dtype),
+                                        interpreter=False):
+        return f"{rec.function} does not declare N={n}"
+    return None if err is None else str(err)
 
 
 def _sdpa(backend_name):
@@ -82,6 +111,9 @@ def run_config(n, dtype, tokens, heads, names):
         row = {"provider": name, "N": n, "B": b, "H": heads, "D": D,
                "dtype": str(dtype).replace("torch.", "")}
         try:
+            why = undeclared(name, n, dtype, heads, b)
+            if why:
+                raise ValueError(why)
             if name == "fp8_hadamard":
                 fn = _fp8_runner(q, k, v)
                 row["what"] = "FP8 e4m3, per-block scales, Hadamard (kernel time only)"
@@ -168,7 +200,7 @@ def main(argv):
     ap = argparse.ArgumentParser(prog="python -m course_utils.bench hopper",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[4096, 8192, 16384])
-    ap.add_argument("--dtype", nargs="+", default=["fp16", "bf16"], choices=["fp16", "bf16"])
+    ap.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--providers", nargs="+", default=None,
@@ -177,11 +209,10 @@ def main(argv):
     if not device.needs("hopper"):
         return 0
     names = args.providers or list(providers())
-    dts = {"fp16": torch.float16, "bf16": torch.bfloat16}
     rows = []
     for dt in args.dtype:
         for n in args.n:
-            rows += run_config(n, dts[dt], args.tokens, args.heads, names)
+            rows += run_config(n, DTYPES[dt], args.tokens, args.heads, names)
     n_ab = 8192 if 8192 in args.n else args.n[-1]
     try:
         abl = ablation(rows, n_ab)

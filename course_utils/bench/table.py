@@ -6,10 +6,14 @@ and cuDNN back ends measured in the same process:
 For every point (B = 4, H = 32, head dim ``d``, ``N = Nq = Nk``, causal and not):
 
 * forward: lesson 6's Triton kernel (``triton``), lesson 8's TMA kernel (``tma``), the
-  Gluon ping-pong kernel (``gluon``, non-causal, N % 128 == 0), the FP8 kernel (``fp8``,
-  kernel time; its quantisation time is the column ``fp8_quant_ms``), SDPA ``flash``
-  and ``cudnn``;
-* forward + backward: lesson 7's kernels (``triton``), SDPA ``flash`` and ``cudnn``.
+  Gluon ping-pong kernel (``gluon``), the FP8 kernel (``fp8``, kernel time; its
+  quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and ``cudnn``;
+* forward + backward: those of our kernels whose record declares a backward
+  (``triton``: lesson 7's kernels), SDPA ``flash`` and ``cudnn``.
+
+Our columns are named after the kernels' records in :mod:`course_utils.contract`; a
+point a record does not declare (the Gluon kernel is non-causal, with N % 128 == 0)
+gets the record's reason in ``<provider>_skip`` instead of a speed.
 
 TFLOPS by the FlashAttention papers' count (:func:`common.attention_flops`), the median
 of ``triton.testing.do_bench``. Each of our outputs is compared with SDPA's before it is
@@ -28,10 +32,21 @@ import torch
 
 from course_utils import device
 from course_utils.bench import common
+from course_utils.contract import CAUSAL_UPPER_LEFT, implementation
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-FWD = ("triton", "tma", "gluon", "fp8", "flash", "cudnn")
-FWD_BWD = ("triton", "flash", "cudnn")
+OURS = ("triton", "tma", "gluon", "fp8")          # contract records, by name
+FWD = OURS + ("flash", "cudnn")
+FWD_BWD = tuple(r for r in OURS if implementation(r).backward) + ("flash", "cudnn")
+
+
+def undeclared(name, causal, d, n, dtype, heads=32):
+    """Why provider ``name`` (one of :data:`OURS`) does not declare this point
+    (``Nq = Nk = n``, SDPA's causal mask), or ``None``."""
+    err = implementation(name).refusal(dtype=dtype, D=d, Nq=n, Nk=n, Hq=heads, Hkv=heads,
+                                       alignment=CAUSAL_UPPER_LEFT if causal else None,
+                                       interpreter=False)
+    return None if err is None else str(err)
 
 
 def _ints(text):
@@ -53,18 +68,19 @@ def _fwd_fn(name, q, k, v, causal):
     apply to this point."""
     if name in ("flash", "cudnn"):
         return _sdpa(name, q, k, v, causal)
+    why = undeclared(name, causal, q.shape[-1], q.shape[2], q.dtype, q.shape[1])
+    if why:
+        return why
     if name == "triton":
         from course_utils.triton_attention import triton_attention
         return lambda: triton_attention(q, k, v, is_causal=causal)
-    if not device.IS_HOPPER:
+    if not device.IS_HOPPER:      # lesson 8's kernels are tuned for (and timed on) sm90
         return "needs an sm90 GPU"
     if name == "tma":
         from course_utils.hopper.triton_fwd import attention_tma
         return lambda: attention_tma(q, k, v, is_causal=causal, num_stages=3)
     if name == "gluon":
         from course_utils.hopper.gluon_fwd import attention_gluon
-        if causal:
-            return "non-causal only"
         return lambda: attention_gluon(q, k, v, pingpong=True, stages=3)
     if name == "fp8":
         from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8

@@ -1,0 +1,68 @@
+"""The benchmark suites take their points from the contract records: the default grids
+are unchanged (the lessons read the saved JSON), every point is declared, and a record
+that declares less loses its points (or is refused before anything is timed)."""
+import dataclasses
+
+import pytest
+import torch
+
+from course_utils.bench import attention, decode, hopper, table
+from course_utils.contract import Case, implementation
+
+
+def test_attention_grid_is_the_declared_part_of_the_asked_grid(monkeypatch):
+    args = attention.parse([])
+    old = [(m, c, d, n, dt) for dt in ("fp16", "bf16") for m in ("fwd", "fwd+bwd")
+           for c in (False, True) for d in (64, 128) for n in (1024, 2048, 4096, 8192, 16384)]
+    assert attention.grid(args) == old                    # same points, same order
+    assert attention.KERNEL.name == "triton" and attention.BACKENDS[0] == "triton"
+    for mode, causal, d, n, dt in old:
+        c = Case("triton", 4, 32, 32, n, n, d, attention.DTYPES[dt],
+                 "causal_upper_left" if causal else None)
+        assert attention.KERNEL.declares(c, interpreter=False)
+    # a record that declares less: its points are gone, or the option is refused
+    narrow = dataclasses.replace(attention.KERNEL, dtypes=(torch.float16,), alignments=(),
+                                 backward=False)
+    monkeypatch.setattr(attention, "KERNEL", narrow)
+    got = attention.grid(attention.parse(["--modes", "fwd", "--causal", "no"]))
+    assert got and {(p[1], p[4]) for p in got} == {(False, "fp16")}
+    for bad in (["--causal", "yes"], ["--modes", "fwd,fwd+bwd"], ["--d", "512"]):
+        with pytest.raises(SystemExit):
+            attention.parse(bad)
+
+
+def test_hopper_providers_run_the_declared_points():
+    names = list(hopper.providers())
+    kinds = {n: hopper.record_of(n) for n in names}
+    assert {r.name for r in kinds.values() if r} == {r.name for r in hopper.KERNELS} - {"fp8"}
+    assert hopper.record_of("fp8_hadamard").name == "fp8"
+    assert all((r is None) == n.startswith("sdpa") for n, r in kinds.items())
+    assert set(hopper.DTYPES) == {"fp16", "bf16"}
+    for n in (4096, 8192, 16384):                       # the default points: all declared
+        assert not any(hopper.undeclared(p, n, torch.float16, 16) for p in names)
+    why = hopper.undeclared("gluon_pingpong", 1000, torch.float16, 16)
+    assert why and "multiple of 128" in why
+    assert hopper.undeclared("triton_tma_s1", 1000, torch.float16, 16) is None
+    assert "takes" in hopper.undeclared("fp8_hadamard", 4096, torch.float32, 16)
+    with pytest.raises(SystemExit):
+        hopper.main(["--dtype", "fp32"])
+
+
+def test_decode_grid_is_declared(monkeypatch):
+    assert decode.grid(decode.BATCHES, decode.LENGTHS) == [
+        (b, n) for b in decode.BATCHES for n in decode.LENGTHS]
+    assert decode.KERNEL is implementation("decode")
+    monkeypatch.setattr(decode, "KERNEL", dataclasses.replace(decode.KERNEL,
+                                                              dtypes=(torch.bfloat16,)))
+    with pytest.raises(ValueError, match="declares none"):
+        decode.grid(decode.BATCHES, decode.LENGTHS)
+
+
+def test_table_columns_and_skips_come_from_the_records():
+    assert table.FWD == ("triton", "tma", "gluon", "fp8", "flash", "cudnn")
+    assert table.FWD_BWD == ("triton", "flash", "cudnn")
+    assert "non-causal" in table.undeclared("gluon", True, 128, 4096, torch.float16)
+    assert "multiple of 128" in table.undeclared("gluon", False, 128, 4000, torch.float16)
+    assert table.undeclared("gluon", False, 128, 4096, torch.float16) is None
+    assert table.undeclared("tma", True, 64, 4096, torch.bfloat16) is None
+    assert "head dim" in table.undeclared("fp8", False, 256, 4096, torch.float16)

@@ -116,13 +116,8 @@ def bwd_configs(kernel: str):
                   "atomic_dq": {"BLOCK_M1": 16, "BLOCK_N1": 32},
                   "dq": {"BLOCK_M2": 32, "BLOCK_N2": 16}}[kernel]
         return [triton.Config(blocks, num_warps=4, num_stages=1, pre_hook=hook)]
-    if kernel == "dkdv":
+    if kernel in ("dkdv", "atomic_dq"):           # the fused kernel is the dK/dV kernel
         shapes = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 2)]
-        names = ("BLOCK_M1", "BLOCK_N1")
-    elif kernel == "atomic_dq":
-        # the dK/dV shapes, and 64 x 64: a smaller key tile keeps dK, dV, K and V in
-        # registers next to the extra dQ product (the last is the fallback)
-        shapes = [(32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 2)]
         names = ("BLOCK_M1", "BLOCK_N1")
     else:
         shapes = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2)]

@@ -136,6 +136,51 @@ def test_bad_bwd_is_rejected_before_any_work(monkeypatch):
                                      "atomic_dq")            # options are keyword-only
 
 
+# --------------------------------------------------------------------------- benchmark
+def test_benchmark_default_table_is_unchanged():
+    from course_utils.bench import attention as bench
+    args = bench.parse([])
+    assert args.bwd == ["three_kernels"]
+    assert bench.providers("fwd+bwd", args) == ["triton", "flash", "cudnn"]
+    assert bench.columns(args) == ["mode", "causal", "d", "n", "dtype", "triton", "flash",
+                                   "cudnn", "x_flash", "x_cudnn", "err_vs_flash"]
+    both = bench.parse(["--bwd", "three_kernels,atomic_dq"])
+    assert bench.providers("fwd", both) == ["triton", "flash", "cudnn"]
+    assert bench.providers("fwd+bwd", both) == ["triton", "triton_atomic_dq", "flash", "cudnn"]
+    for bad in ("fused", "", "three_kernels,atomic"):
+        with pytest.raises(SystemExit):
+            bench.parse(["--bwd", bad])
+
+
+def test_benchmark_rows_ratios_and_json(monkeypatch, tmp_path):
+    """One fwd+bwd point with both designs, timed by a fake clock (4, 2, 8 ms for the
+    three kernels, the atomic design and flash), saved and plotted."""
+    import json
+    from course_utils.bench import attention as bench, common
+    clock = iter([4.0, 2.0, 8.0, 16.0])
+    monkeypatch.setattr(common, "time_ms", lambda fn, warmup=10, rep=50: next(clock))
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    args = bench.parse(["--batch", "1", "--heads", "2", "--bwd", "three_kernels,atomic_dq",
+                        "--name", "designs"])
+    row = bench.measure("fwd+bwd", True, 16, 40, "fp16", args)
+    flops = common.attention_flops(1, 2, 40, 40, 16, True, "fwd+bwd")
+    assert row["triton_ms"] == 4.0 and row["triton_atomic_dq_ms"] == 2.0
+    assert row["triton_atomic_dq"] == pytest.approx(flops / 2.0 * 1e-9)
+    assert row["atomic_dq_x_three"] == pytest.approx(2.0)       # twice as fast
+    assert row["err_vs_flash"] < 2e-2 and row["atomic_dq_err_vs_flash"] < 2e-2
+    if row.get("flash"):                                         # SDPA flash runs on this CPU
+        assert row["x_flash"] == pytest.approx(2.0) and row["atomic_dq_x_flash"] == 4.0
+    if row.get("cudnn") is None:
+        assert row["cudnn_error"]                                # says why, no speed
+    path = bench._save(args, [row], [], bench.columns(args))
+    rec = json.loads(path.read_text())
+    assert path.parent.parent == tmp_path and path.name == "designs.json"
+    assert rec["bwd_designs"] == ["three_kernels", "atomic_dq"]
+    assert "atomic_dq_x_three" in rec["columns"] and rec["rows"] == [row]
+    assert rec["environment"]["command"].startswith("python -m course_utils.bench")
+    assert all(png.exists() for png in bench.plot(path))
+
+
 # --------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.HAS_GPU, reason="needs a CUDA GPU")

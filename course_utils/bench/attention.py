@@ -4,9 +4,22 @@
 and of forward+backward, causal and not, for head dims 64 and 128, N = 1k .. 16k,
 B = 4, H = 32, float16 and bfloat16, for
 
-* ``triton``: :func:`course_utils.triton_attention.triton_attention` (autotuned);
+* ``triton``: :func:`course_utils.triton_attention.triton_attention` (autotuned), its
+  backward the default three launches;
+* ``triton_atomic_dq`` (forward+backward only, with ``--bwd three_kernels,atomic_dq``):
+  the same forward, the fused backward with atomic dQ (``bwd="atomic_dq"``);
 * ``flash``: ``scaled_dot_product_attention`` restricted to ``SDPBackend.FLASH_ATTENTION``;
 * ``cudnn``: the same restricted to ``SDPBackend.CUDNN_ATTENTION``.
+
+The two backward designs of lesson 7 in one run against SDPA (about four minutes on an
+H100; the rows go to ``benchmarks/<device>/bwd_designs.json``)::
+
+    python -m course_utils.bench attention --modes fwd+bwd --n 4096,16384 \
+        --bwd three_kernels,atomic_dq --rep 50 --name bwd_designs
+
+``x_flash``/``x_cudnn`` are ``triton`` over SDPA, ``atomic_dq_x_flash``/``_x_cudnn`` the
+same for ``triton_atomic_dq``, and ``atomic_dq_x_three`` the fused design over the three
+launches (above 1: the atomics win).
 
 FLOPs are counted as the FlashAttention papers do (:func:`common.attention_flops`:
 ``4 B H N^2 D`` for the forward, halved when causal, 3.5x that for forward+backward).
@@ -27,8 +40,11 @@ from course_utils import device
 from course_utils.bench import common
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-BACKENDS = ("triton", "flash", "cudnn")
-COLORS = {"triton": "tab:red", "flash": "tab:blue", "cudnn": "tab:green"}
+BACKENDS = ("triton", "triton_atomic_dq", "flash", "cudnn")
+COLORS = {"triton": "tab:red", "triton_atomic_dq": "tab:orange", "flash": "tab:blue",
+          "cudnn": "tab:green"}
+# the provider name of each backward design of triton_attention (bwd=...)
+BWD_PROVIDERS = {"three_kernels": "triton", "atomic_dq": "triton_atomic_dq"}
 
 
 def _ints(text):
@@ -44,6 +60,9 @@ def parse(argv):
     ap.add_argument("--n", default="1024,2048,4096,8192,16384", type=_ints,
                     help="sequence lengths (Nq = Nk)")
     ap.add_argument("--dtype", default="fp16,bf16", help="comma list of fp16, bf16")
+    ap.add_argument("--bwd", default="three_kernels",
+                    help="comma list of backward designs timed in fwd+bwd: "
+                         + ", ".join(BWD_PROVIDERS))
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=100, help="milliseconds of timed repeats")
@@ -61,14 +80,43 @@ def parse(argv):
     for d in args.dtype:
         if d not in DTYPES:
             ap.error(f"--dtype takes fp16 and/or bf16, got {d!r}")
+    args.bwd = [b for b in args.bwd.split(",") if b]
+    for b in args.bwd:
+        if b not in BWD_PROVIDERS:
+            ap.error(f"--bwd takes {' and/or '.join(BWD_PROVIDERS)}, got {b!r}")
+    if not args.bwd:
+        ap.error("--bwd needs at least one backward design")
     args.causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     return args
 
 
+def providers(mode, args):
+    """The columns timed for ``mode``: our kernel (one per backward design in
+    forward+backward), then SDPA's flash and cuDNN back ends."""
+    ours = ["triton"] if mode == "fwd" else [BWD_PROVIDERS[b] for b in args.bwd]
+    return ours + ["flash", "cudnn"]
+
+
+def columns(args):
+    """The printed table's columns for the designs in ``args.bwd``."""
+    cols = ["mode", "causal", "d", "n", "dtype", "triton"]
+    atomic = "atomic_dq" in args.bwd
+    if atomic:
+        cols.append("triton_atomic_dq")
+    cols += ["flash", "cudnn", "x_flash", "x_cudnn"]
+    if atomic:
+        cols += ["atomic_dq_x_flash", "atomic_dq_x_cudnn", "atomic_dq_x_three"]
+    cols.append("err_vs_flash")
+    if atomic:
+        cols.append("atomic_dq_err_vs_flash")
+    return cols
+
+
 def _backend_fn(name, q, k, v, causal):
-    if name == "triton":
+    if name in ("triton", "triton_atomic_dq"):
         from course_utils.triton_attention import triton_attention
-        return lambda: triton_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        bwd = "atomic_dq" if name == "triton_atomic_dq" else "three_kernels"
+        return lambda: triton_attention(q, k, v, is_causal=causal, enable_gqa=True, bwd=bwd)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
@@ -91,7 +139,7 @@ def measure(mode, causal, d, n, dtype_name, args):
     row = {"mode": mode, "causal": causal, "d": d, "n": n, "dtype": dtype_name,
            "batch": b, "heads": h}
     outs = {}
-    for name in BACKENDS:
+    for name in providers(mode, args):
         fwd = _backend_fn(name, q, k, v, causal)
         try:
             if mode == "fwd":
@@ -109,12 +157,16 @@ def measure(mode, causal, d, n, dtype_name, args):
             row[name] = None
             row[f"{name}_error"] = str(err).splitlines()[0][:160]
         torch.cuda.empty_cache()
-    if outs.get("triton") is not None and outs.get("flash") is not None:
-        a, r = outs["triton"].float(), outs["flash"].float()
-        row["err_vs_flash"] = float((a - r).norm() / r.norm())
-    for base in ("flash", "cudnn"):
-        if row.get("triton") and row.get(base):
-            row[f"x_{base}"] = row["triton"] / row[base]
+    # our providers' names in the ratio columns: "" for triton, "atomic_dq_" for the other
+    for name, prefix in (("triton", ""), ("triton_atomic_dq", "atomic_dq_")):
+        if outs.get(name) is not None and outs.get("flash") is not None:
+            a, r = outs[name].float(), outs["flash"].float()
+            row[f"{prefix}err_vs_flash"] = float((a - r).norm() / r.norm())
+        for base in ("flash", "cudnn"):
+            if row.get(name) and row.get(base):
+                row[f"{prefix}x_{base}"] = row[name] / row[base]
+    if row.get("triton_atomic_dq") and row.get("triton"):
+        row["atomic_dq_x_three"] = row["triton_atomic_dq"] / row["triton"]
     return row
 
 
@@ -173,7 +225,8 @@ def _save(args, rows, kept, cols):
     merged = [r for r in kept if _point(r) not in done] + rows
     commands = [c for c in kept_commands(args) if c != common.environment()["command"]]
     commands.append(common.environment()["command"])
-    return common.save(args.name, merged, extra={"columns": cols, "commands": commands})
+    return common.save(args.name, merged, extra={"columns": cols, "commands": commands,
+                                                 "bwd_designs": args.bwd})
 
 
 def kept_commands(args):
@@ -199,8 +252,7 @@ def main(argv):
     old = common.RESULTS / common.device_slug() / f"{args.name}.json"
     if args.merge and old.exists():
         kept = json.loads(old.read_text())["rows"]
-    cols = ["mode", "causal", "d", "n", "dtype", "triton", "flash", "cudnn", "x_flash",
-            "x_cudnn", "err_vs_flash"]
+    cols = columns(args)
     for dtype_name in args.dtype:
         for mode in args.modes:
             for causal in args.causal:

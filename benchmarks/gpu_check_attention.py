@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check_attention.py            # every case, one fixed config
     COURSE_TRITON_AUTOTUNE=1 python benchmarks/gpu_check_attention.py --quick
+    python benchmarks/gpu_check_attention.py --bwd atomic_dq   # the fused backward
 
 The cases repeat those of tests/test_triton_attention.py (lengths 1, 7, 129, Nq != Nk,
 causal both ways, GQA 1/2/4 and MQA, head dims 16..256 and padded ones, float16,
@@ -72,7 +73,8 @@ def rel(x, ref):
     return float((x - ref).norm() / ref.norm().clamp_min(1e-2 * ref.numel() ** 0.5))
 
 
-def run_case(case):
+def run_case(case, bwd="three_kernels"):
+    """``(ok, errors)`` of one case; ``bwd``: the backward design of ``triton_attention``."""
     B, Hq, Hkv, Nq, Nk, D, causal, dtype, layout = case
     opts = dict(is_causal=bool(causal), alignment=causal if isinstance(causal, str) else None,
                 enable_gqa=True)
@@ -80,7 +82,7 @@ def run_case(case):
     k = make((B, Hkv, Nk, D), dtype, layout).requires_grad_()
     v = make((B, Hkv, Nk, D), dtype, layout).requires_grad_()
     do = torch.randn(B, Hq, Nq, D, device=device.DEVICE, dtype=dtype)
-    o, lse = triton_attention(q, k, v, return_lse=True, **opts)
+    o, lse = triton_attention(q, k, v, return_lse=True, bwd=bwd, **opts)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     o_ref, lse_ref = naive_attention(q32, k32, v32, return_lse=True, **opts)
@@ -95,17 +97,19 @@ def run_case(case):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the cases with N >= 1000")
+    ap.add_argument("--bwd", default="three_kernels", choices=("three_kernels", "atomic_dq"),
+                    help="the backward design checked")
     args = ap.parse_args(argv)
     if not device.HAS_GPU:
         print("no GPU: the CPU tests in tests/test_triton_attention.py cover the interpreter")
         return 0
     torch.manual_seed(0)
     cases = QUICK if args.quick else CASES
-    print(f"{device.describe()['device']}, torch {torch.__version__}")
+    print(f"{device.describe()['device']}, torch {torch.__version__}, backward {args.bwd}")
     failed = 0
     for case in cases:
         t = time.time()
-        ok, errs = run_case(case)
+        ok, errs = run_case(case, bwd=args.bwd)
         failed += not ok
         B, Hq, Hkv, Nq, Nk, D, causal, dtype, layout = case
         print(f"{'ok  ' if ok else 'FAIL'} B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} D={D} "

@@ -1,4 +1,4 @@
-"""Lessons 6-7 benchmark: the Triton FlashAttention-2 kernels against SDPA's backends.
+r"""Lessons 6-7 benchmark: the Triton FlashAttention-2 kernels against SDPA's backends.
 
 ``python -m course_utils.bench attention`` measures, in one run, TFLOPS of the forward
 and of forward+backward, causal and not, for head dims 64 and 128, N = 1k .. 16k,
@@ -11,8 +11,8 @@ B = 4, H = 32, float16 and bfloat16, for
 * ``flash``: ``scaled_dot_product_attention`` restricted to ``SDPBackend.FLASH_ATTENTION``;
 * ``cudnn``: the same restricted to ``SDPBackend.CUDNN_ATTENTION``.
 
-The two backward designs of lesson 7 in one run against SDPA (about four minutes on an
-H100; the rows go to ``benchmarks/<device>/bwd_designs.json``)::
+The two backward designs of lesson 7 in one run against SDPA (the rows go to
+``benchmarks/<device>/bwd_designs.json``)::
 
     python -m course_utils.bench attention --modes fwd+bwd --n 4096,16384 \
         --bwd three_kernels,atomic_dq --rep 50 --name bwd_designs

@@ -3,6 +3,7 @@
     python benchmarks/gpu_check_attention.py            # every case, one fixed config
     COURSE_TRITON_AUTOTUNE=1 python benchmarks/gpu_check_attention.py --quick
     python benchmarks/gpu_check_attention.py --list     # the cases (no GPU needed)
+    python benchmarks/gpu_check_attention.py --bwd atomic_dq   # the fused backward
 
 The kernels are those whose record in ``course_utils.contract`` says they compile with
 Triton, follow SDPA's contract and have a backward (``triton_attention``); the cases are
@@ -67,15 +68,16 @@ def rel(x, ref):
     return float((x - ref).norm() / ref.norm().clamp_min(1e-2 * ref.numel() ** 0.5))
 
 
-def run_case(case, seed=0):
+def run_case(case, seed=0, bwd="three_kernels"):
     """Forward and backward of one :class:`~course_utils.contract.Case`; returns
-    ``(ok, errors)``."""
+    ``(ok, errors)``. ``bwd``: the backward design of ``triton_attention``."""
     fn = implementation(case.impl).load()
     opts = case.options()
     q, k, v = case.inputs(seed=seed, device=device.DEVICE, requires_grad=True)
     g = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(case.B, case.Hq, case.Nq, case.D, generator=g).to(device.DEVICE, case.dtype)
-    o, lse = fn(q, k, v, return_lse=True, **opts)
+    extra = {} if bwd == "three_kernels" else {"bwd": bwd}
+    o, lse = fn(q, k, v, return_lse=True, **opts, **extra)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
     o_ref, lse_ref = naive_attention(q32, k32, v32, return_lse=True, **opts)
@@ -91,6 +93,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the cases with Nq >= 1000")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    ap.add_argument("--bwd", default="three_kernels", choices=("three_kernels", "atomic_dq"),
+                    help="the backward design checked")
     args = ap.parse_args(argv)
     cases_ = QUICK if args.quick else CASES
     if args.list:
@@ -101,11 +105,11 @@ def main(argv=None):
     if not device.HAS_GPU:
         print("no GPU: the CPU tests in tests/test_triton_attention.py cover the interpreter")
         return 0
-    print(f"{device.describe()['device']}, torch {torch.__version__}")
+    print(f"{device.describe()['device']}, torch {torch.__version__}, backward {args.bwd}")
     failed = 0
     for i, case in enumerate(cases_):
         t = time.time()
-        ok, errs = run_case(case, seed=i)
+        ok, errs = run_case(case, seed=i, bwd=args.bwd)
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {case.id} "
               + " ".join(f"{n}={e:.1e}" for n, e in errs.items())

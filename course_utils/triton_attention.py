@@ -34,6 +34,12 @@ Backward, three kernels (lesson 5's formulas, with ``P = exp2(qk_scale * S - lse
 3. :func:`_attn_bwd_dq`, Q-stationary, grid ``(ceil(Nq / BLOCK_M2), B * Hq)``: one
    program holds one query tile and walks over the key tiles: ``dQ = scale * dS K``.
 
+Seven matrix products per (query tile, key tile) pair (``S`` and ``dP`` are computed in
+both kernels) and K/V read twice, but no atomics. The alternative, ``bwd="atomic_dq"``
+(FlashAttention-2's), runs the dK/dV kernel alone with ``ATOMIC_DQ``: each program also
+adds ``scale * dS K`` for the query tile in hand into a float32 dQ with ``tl.atomic_add``
+(five products, K/V read once; dQ not bitwise reproducible on a GPU).
+
 Sizes: any ``Nq`` and ``Nk`` (edges masked), head dims 16, 32, 64, 128 and 256 natively;
 other head dims up to 256 are padded inside the kernel to the next power of two (masked
 loads, so nothing is copied). Inputs may be strided (any strides; nothing is copied).
@@ -63,7 +69,7 @@ from course_utils.contract import IMPLEMENTATIONS, validate_attention  # noqa: E
 
 __all__ = ["triton_attention", "triton_attention_forward", "triton_attention_backward",
            "TritonAttention", "SUPPORTED_HEAD_DIMS", "MAX_HEAD_DIM", "LOG2E",
-           "padded_head_dim", "fwd_configs", "bwd_configs", "length_bucket"]
+           "padded_head_dim", "fwd_configs", "bwd_configs", "length_bucket", "BWD_DESIGNS"]
 
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
@@ -93,13 +99,24 @@ def fwd_configs():
             for m, n, w, s in shapes]
 
 
+def _zero_dq(nargs):
+    """Zero the float32 dQ of the atomic backward before every launch, the autotuner's
+    trial runs included: the kernel adds into it, so a second run would double it."""
+    nargs["DQ"].zero_()
+
+
 def bwd_configs(kernel: str):
-    """Tile shapes tried for the backward kernels ``'dkdv'`` and ``'dq'``."""
+    """Tile shapes tried for the backward kernels ``'dkdv'`` and ``'dq'`` and for the
+    fused ``'atomic_dq'`` kernel (the dK/dV kernel that also adds dQ atomically)."""
+    if kernel not in ("dkdv", "dq", "atomic_dq"):
+        raise ValueError(f"kernel must be 'dkdv', 'dq' or 'atomic_dq', got {kernel!r}")
+    hook = _zero_dq if kernel == "atomic_dq" else None
     if device.INTERPRET:
         blocks = {"dkdv": {"BLOCK_M1": 16, "BLOCK_N1": 32},
+                  "atomic_dq": {"BLOCK_M1": 16, "BLOCK_N1": 32},
                   "dq": {"BLOCK_M2": 32, "BLOCK_N2": 16}}[kernel]
-        return [triton.Config(blocks, num_warps=4, num_stages=1)]
-    if kernel == "dkdv":
+        return [triton.Config(blocks, num_warps=4, num_stages=1, pre_hook=hook)]
+    if kernel in ("dkdv", "atomic_dq"):           # the fused kernel is the dK/dV kernel
         shapes = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 2)]
         names = ("BLOCK_M1", "BLOCK_N1")
     else:
@@ -107,7 +124,7 @@ def bwd_configs(kernel: str):
         names = ("BLOCK_M2", "BLOCK_N2")
     if not _AUTOTUNE:
         shapes = shapes[-1:]
-    return [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s)
+    return [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s, pre_hook=hook)
             for m, n, w, s in shapes]
 
 
@@ -322,17 +339,20 @@ def _attn_bwd_delta(O, DO, DELTA, sob, soh, son, sdb, sdh, sdn, HQ, NQ, D,
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqn, sdn,
-                offs_n, offs_d, D, NQ, lo, hi, qk_scale,
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqn, sdn, sdqn,
+                offs_n, offs_d, D, NQ, lo, hi, qk_scale, scale,
                 BLOCK_M1: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                PAD_D: tl.constexpr, UPCAST: tl.constexpr):
+                PAD_D: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Add the query tiles ``[lo, hi)`` into one key/value tile's ``dK`` and ``dV``.
 
     Works on transposed tiles (keys along rows): ``S^T = K Q^T``, ``P^T``, ``dP^T = V dO^T``.
-    Query rows past ``NQ`` load as zeros, so their ``dO`` and ``Q`` add nothing."""
+    Query rows past ``NQ`` load as zeros, so their ``dO`` and ``Q`` add nothing.
+    ``ATOMIC_DQ``: also add this key tile's share of ``dQ``, ``scale * dS K``, into the
+    float32 buffer at ``dq_base`` with atomic adds (a fifth product; no dQ kernel)."""
     offs_m = tl.arange(0, BLOCK_M1)
     qT_off = offs_m[None, :] * sqn + offs_d[:, None]                 # (D, BLOCK_M1): Q^T
     do_off = offs_m[:, None] * sdn + offs_d[None, :]                 # (BLOCK_M1, D)
+    dq_off = offs_m[:, None] * sdqn + offs_d[None, :]
     for start_m in range(lo, hi, BLOCK_M1):
         rows = start_m + offs_m
         q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + qT_off        # 64-bit tile origin
@@ -364,20 +384,32 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqn, sdn,
                 pT = tl.where(rows[None, :] >= offs_n[:, None], pT, 0.0)
         dv += _mm(pT.to(do.dtype), do, UPCAST)
         dpT = _mm(v, tl.trans(do), UPCAST)
-        dsT = pT * (dpT - delta[None, :])
-        dk += _mm(dsT.to(qT.dtype), tl.trans(qT), UPCAST)
+        dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
+        dk += _mm(dsT, tl.trans(qT), UPCAST)
+        if ATOMIC_DQ:
+            # other key tiles add into the same rows: relaxed atomics, no ordering needed
+            dq = _mm(tl.trans(dsT), k, UPCAST) * scale                    # (BLOCK_M1, D)
+            dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn + dq_off
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
+            elif PAD_D:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @_jit
-def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
-                          sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+                          sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, sdqb, sdqh, sdqn,
                           HQ, HKV, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF,
                           NQ_BUCKET, NK_BUCKET,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                     UPCAST: tl.constexpr,
+                          UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                           BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr):
+    # ATOMIC_DQ: the fused backward; also adds dQ into the float32 DQ (zeroed before the
+    # launch) with atomics. Otherwise DQ is not touched and the dQ kernel computes it.
     # the causal band below walks BLOCK_N1 query rows in steps of BLOCK_M1
     tl.static_assert(BLOCK_N1 % BLOCK_M1 == 0, "BLOCK_N1 must be a multiple of BLOCK_M1")
     pid_n = tl.program_id(0)
@@ -403,6 +435,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
         h = kvh * GROUP + g
         q_base = Q + b * sqb + h * sqh
         do_base = DO + b * sdb + h * sdh
+        dq_base = DQ + b * sdqb + h * sdqh
         row_base = (b * HQ + h) * NQ
         if CAUSAL:
             # on-band: query rows start_n - CAUSAL_OFF .. + BLOCK_N1 - 1 cut the diagonal
@@ -411,18 +444,19 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
             band_hi = (tl.maximum(start_n + BLOCK_N1 - CAUSAL_OFF, 0) + BLOCK_M1 - 1) \
                 // BLOCK_M1 * BLOCK_M1
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base,
-                                 DELTA + row_base, sqn, sdn, offs_n - CAUSAL_OFF, offs_d, D, NQ,
-                                 band_lo, tl.minimum(band_hi, NQ), qk_scale, BLOCK_M1, True,
-                                 True, PAD_D, UPCAST)
+                                 DELTA + row_base, dq_base, sqn, sdn, sdqn, offs_n - CAUSAL_OFF,
+                                 offs_d, D, NQ, band_lo, tl.minimum(band_hi, NQ), qk_scale,
+                                 scale, BLOCK_M1, True, True, PAD_D, UPCAST, ATOMIC_DQ)
             lo = band_hi                         # below the band every key is visible
         else:
             lo = 0
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-                             sqn, sdn, offs_n, offs_d, D, NQ, lo, nq_full, qk_scale,
-                             BLOCK_M1, False, False, PAD_D, UPCAST)
+                             dq_base, sqn, sdn, sdqn, offs_n, offs_d, D, NQ, lo, nq_full,
+                             qk_scale, scale, BLOCK_M1, False, False, PAD_D, UPCAST, ATOMIC_DQ)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-                             sqn, sdn, offs_n, offs_d, D, NQ, tl.maximum(lo, nq_full), NQ,
-                             qk_scale, BLOCK_M1, True, False, PAD_D, UPCAST)
+                             dq_base, sqn, sdn, sdqn, offs_n, offs_d, D, NQ,
+                             tl.maximum(lo, nq_full), NQ, qk_scale, scale, BLOCK_M1, True, False,
+                             PAD_D, UPCAST, ATOMIC_DQ)
     tl.store(DK + b * sdkb + kvh * sdkh + row0 * sdkn + in_t * sdkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=ok)
     tl.store(DV + b * sdvb + kvh * sdvh + row0 * sdvn + in_t * sdvn + offs_d[None, :],
@@ -516,6 +550,8 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
 
 _KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D"]
 _attn_bwd_dkdv = _tuned(bwd_configs("dkdv"), _KEY)(_attn_bwd_dkdv_kernel)
+# the same kernel with ATOMIC_DQ=True, tuned on its own (its configs zero DQ first)
+_attn_bwd_atomic = _tuned(bwd_configs("atomic_dq"), _KEY)(_attn_bwd_dkdv_kernel)
 _attn_bwd_dq = _tuned(bwd_configs("dq"), _KEY)(_attn_bwd_dq_kernel)
 
 
@@ -573,10 +609,32 @@ def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa
     return _launch_fwd(q, k, v, sh, sh.is_causal, sh.offset)
 
 
+BWD_DESIGNS = ("three_kernels", "atomic_dq")
+
+
+def _check_bwd(bwd):
+    if not isinstance(bwd, str):
+        raise TypeError(f"bwd must be one of {', '.join(map(repr, BWD_DESIGNS))}, "
+                        f"got {type(bwd).__name__} {bwd!r}")
+    if bwd not in BWD_DESIGNS:
+        raise ValueError(f"bwd must be one of {', '.join(map(repr, BWD_DESIGNS))}, got {bwd!r}")
+
+
 def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None,
-                              enable_gqa=False, alignment=None):
+                              enable_gqa=False, alignment=None, bwd="three_kernels"):
     """Gradients ``(dq, dk, dv)`` from the forward's ``o`` and ``lse`` and the incoming
-    ``do``: the Delta preprocess, then the dK/dV and the dQ kernels."""
+    ``do``. ``bwd`` picks the design (both start with the Delta preprocess):
+
+    * ``"three_kernels"`` (default): the KV-stationary dK/dV kernel, then the
+      Q-stationary dQ kernel: seven matrix products per (query tile, key tile) pair,
+      K and V read twice, every output written by exactly one program, deterministic;
+    * ``"atomic_dq"``: one fused KV-stationary kernel that also adds each key tile's
+      share of dQ into a float32 buffer with atomic adds (five products, K and V read
+      once); dQ is converted to the input dtype afterwards. On a GPU the order in which
+      the key tiles' shares arrive varies from run to run, so dQ is not bitwise
+      reproducible (float32 addition is not associative); dK and dV are.
+    """
+    _check_bwd(bwd)
     sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
     for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
         if not isinstance(t, torch.Tensor):
@@ -596,7 +654,9 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
     pad = hd != sh.D
     causal = sh.is_causal
     delta = torch.empty_like(lse)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    atomic = bwd == "atomic_dq"
+    # the atomic kernel accumulates dQ in float32 (zeroed by its configs' pre_hook)
+    dq = torch.empty(q.shape, dtype=torch.float32 if atomic else q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     block = 64 if device.HAS_GPU else 32
@@ -609,12 +669,16 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
     def grid_kv(meta):
         return (triton.cdiv(sh.Nk, meta["BLOCK_N1"]), sh.B * sh.Hkv)
 
-    _attn_bwd_dkdv[grid_kv](q, k, v, do, lse, delta, dk, dv, *strides,
-                            dk.stride(0), dk.stride(1), dk.stride(2),
-                            dv.stride(0), dv.stride(1), dv.stride(2),
-                            sh.Hq, sh.Hkv, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
-                            sh.scale, sh.offset, length_bucket(sh.Nq), length_bucket(sh.Nk),
-                            HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+    kernel = _attn_bwd_atomic if atomic else _attn_bwd_dkdv
+    kernel[grid_kv](q, k, v, do, lse, delta, dk, dv, dq, *strides,
+                    dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+                    dv.stride(2), dq.stride(0), dq.stride(1), dq.stride(2),
+                    sh.Hq, sh.Hkv, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
+                    sh.scale, sh.offset, length_bucket(sh.Nq), length_bucket(sh.Nk),
+                    HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q),
+                    ATOMIC_DQ=atomic)
+    if atomic:
+        return dq.to(q.dtype), dk, dv
 
     def grid_q(meta):
         return (triton.cdiv(sh.Nq, meta["BLOCK_M2"]), sh.B * sh.Hq)
@@ -629,15 +693,17 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
 
 class TritonAttention(torch.autograd.Function):
     """``forward`` runs the fused forward and saves ``(q, k, v, o, lse)``; ``backward``
-    runs the three backward kernels. ``lse`` is returned but not differentiable."""
+    runs the backward design ``bwd`` (see :func:`triton_attention_backward`). ``lse`` is
+    returned but not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, enable_gqa=False, alignment=None):
+    def forward(ctx, q, k, v, is_causal, scale, enable_gqa=False, alignment=None,
+                bwd="three_kernels"):
         o, lse = triton_attention_forward(q, k, v, is_causal=is_causal, scale=scale,
                                           enable_gqa=enable_gqa, alignment=alignment)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                        alignment=alignment)
+                        alignment=alignment, bwd=bwd)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -646,11 +712,11 @@ class TritonAttention(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = triton_attention_backward(q, k, v, o, lse, do, **ctx.opts)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def triton_attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
-                     return_lse=False):
+                     return_lse=False, bwd="three_kernels"):
     """Fused FlashAttention-2 in Triton: ``softmax(scale * Q K^T [+ causal mask]) V``.
 
     ``q``: ``(B, Hq, Nq, D)``; ``k``, ``v``: ``(B, Hkv, Nk, D)``; ``Hq != Hkv`` needs
@@ -658,10 +724,14 @@ def triton_attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, 
     (default, SDPA's) or ``"causal_lower_right"``; ``scale``: default ``1 / sqrt(D)``.
     Returns ``o`` (the input dtype), or ``(o, lse)`` with ``return_lse=True`` (``lse``:
     natural log, float32, ``(B, Hq, Nq)``, not differentiable). Gradients flow to
-    ``q``, ``k`` and ``v``. Bad inputs raise ``TypeError``/``ValueError`` before any launch.
+    ``q``, ``k`` and ``v``, computed by the backward design ``bwd``: ``"three_kernels"``
+    (default) or ``"atomic_dq"`` (fused, dQ added atomically, so not bitwise
+    reproducible on a GPU; see :func:`triton_attention_backward`). Bad inputs raise
+    ``TypeError``/``ValueError`` before any launch.
     """
+    _check_bwd(bwd)
     _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be True or False, got {return_lse!r}")
-    o, lse = TritonAttention.apply(q, k, v, is_causal, scale, enable_gqa, alignment)
+    o, lse = TritonAttention.apply(q, k, v, is_causal, scale, enable_gqa, alignment, bwd)
     return (o, lse) if return_lse else o

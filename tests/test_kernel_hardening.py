@@ -49,14 +49,19 @@ def _dq_raw(block_m2, block_n2):
                                    BLOCK_M2=block_m2, BLOCK_N2=block_n2)
 
 
-def _dkdv_raw(block_m1, block_n1):
+def _dkdv_raw(block_m1, block_n1, atomic_dq=False):
     q = torch.randn(1, 1, 32, 16)
     lse, delta = torch.zeros(1, 1, 32), torch.zeros(1, 1, 32)
     st = (q.stride(0), q.stride(1), q.stride(2))
     ta._attn_bwd_dkdv_kernel[(1, 1)](q, q, q, q, lse, delta, torch.empty_like(q),
-                                     torch.empty_like(q), *st * 6, 1, 1, 1, 32, 32, 16, 1.0,
-                                     1.0, 0, 32, 32, HEAD_DIM=16, CAUSAL=True, PAD_D=False,
-                                     UPCAST=False, BLOCK_M1=block_m1, BLOCK_N1=block_n1)
+                                     torch.empty_like(q), torch.zeros_like(q), *st * 7,
+                                     1, 1, 1, 32, 32, 16, 1.0, 1.0, 0, 32, 32, HEAD_DIM=16,
+                                     CAUSAL=True, PAD_D=False, UPCAST=False,
+                                     ATOMIC_DQ=atomic_dq, BLOCK_M1=block_m1, BLOCK_N1=block_n1)
+
+
+def _atomic_dq_raw(block_m1, block_n1):
+    _dkdv_raw(block_m1, block_n1, atomic_dq=True)
 
 
 @pytest.mark.skipif(not device.INTERPRET, reason="the GPU variant is test_tile_ratio_gpu")
@@ -64,6 +69,7 @@ def _dkdv_raw(block_m1, block_n1):
     (_fwd_raw, (16, 32), (32, 16), "BLOCK_M must be a multiple of BLOCK_N"),
     (_dq_raw, (16, 32), (32, 16), "BLOCK_M2 must be a multiple of BLOCK_N2"),
     (_dkdv_raw, (32, 16), (16, 32), "BLOCK_N1 must be a multiple of BLOCK_M1"),
+    (_atomic_dq_raw, (32, 16), (16, 32), "BLOCK_N1 must be a multiple of BLOCK_M1"),
 ])
 def test_tile_ratio_is_asserted(call, bad, good, msg):
     # a tile shape the causal split cannot handle is refused when the kernel is built,
@@ -139,7 +145,7 @@ def test_decode_strided_seqlens_and_block_table():
 def test_autotune_keys_are_length_buckets():
     assert ta.length_bucket(1000) == ta.length_bucket(1024) == 1024
     assert ta.length_bucket(1025) == 2048
-    for kernel in (ta._attn_fwd, ta._attn_bwd_dq, ta._attn_bwd_dkdv):
+    for kernel in (ta._attn_fwd, ta._attn_bwd_dq, ta._attn_bwd_dkdv, ta._attn_bwd_atomic):
         assert "NQ" not in kernel.keys and "NK" not in kernel.keys
         assert {"NQ_BUCKET", "NK_BUCKET"} <= set(kernel.keys)
 
@@ -184,7 +190,8 @@ def _big_bhnd(dtype=torch.float16):
 
 
 @pytest.mark.gpu
-def test_triton_attention_packed_qkv_past_2_31():
+@pytest.mark.parametrize("bwd", ta.BWD_DESIGNS)
+def test_triton_attention_packed_qkv_past_2_31(bwd):
     # qkv packed as (B, N, 3, H, D): q, k and v are views whose row stride is 3 * H * D,
     # so row n of a head starts n * 3HD elements in: past 2**31 for the last rows
     b, n, h, d = 1, 1400, 8192, 64
@@ -192,7 +199,7 @@ def test_triton_attention_packed_qkv_past_2_31():
     qkv = _rand(b, n, 3, h, d, dtype=torch.float16, seed=12).requires_grad_()
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     assert q.stride(2) == 3 * h * d
-    o = ta.triton_attention(q, k, v, is_causal=True)
+    o = ta.triton_attention(q, k, v, is_causal=True, bwd=bwd)
     do = _rand(*o.shape, dtype=torch.float16, seed=13)
     (dqkv,) = torch.autograd.grad(o, (qkv,), do)
     sl = slice(h - 4, h)                            # the last heads: the largest offsets

@@ -1,4 +1,4 @@
-"""Lessons 6-7 benchmark: the Triton FlashAttention-2 kernels against SDPA's backends.
+r"""Lessons 6-7 benchmark: the Triton FlashAttention-2 kernels against SDPA's backends.
 
 ``python -m course_utils.bench attention`` measures, in one run, TFLOPS of the forward
 and of forward+backward, causal and not, for head dims 64 and 128, N = 1k .. 16k,
@@ -7,8 +7,20 @@ B = 4, H = 32, float16 and bfloat16, for
 * ``triton``: :func:`course_utils.triton_attention.triton_attention` (autotuned; the
   record of :mod:`course_utils.contract` with a Triton backward decides which dtypes,
   head dims, modes and causal settings may be asked for);
+* ``triton_atomic_dq`` (forward+backward only, with ``--bwd three_kernels,atomic_dq``):
+  the same forward, the fused backward with atomic dQ (``bwd="atomic_dq"``);
 * ``flash``: ``scaled_dot_product_attention`` restricted to ``SDPBackend.FLASH_ATTENTION``;
 * ``cudnn``: the same restricted to ``SDPBackend.CUDNN_ATTENTION``.
+
+The two backward designs of lesson 7 in one run against SDPA (the rows go to
+``benchmarks/<device>/bwd_designs.json``)::
+
+    python -m course_utils.bench attention --modes fwd+bwd --n 4096,16384 \
+        --bwd three_kernels,atomic_dq --rep 50 --name bwd_designs
+
+``x_flash``/``x_cudnn`` are ``triton`` over SDPA, ``atomic_dq_x_flash``/``_x_cudnn`` the
+same for ``triton_atomic_dq``, and ``atomic_dq_x_three`` the fused design over the three
+launches (above 1: the atomics win).
 
 FLOPs are counted as the FlashAttention papers do (:func:`common.attention_flops`:
 ``4 B H N^2 D`` for the forward, halved when causal, 3.5x that for forward+backward).
@@ -35,8 +47,11 @@ KERNEL = implementations(kind="sdpa", devices="triton", backward=True)[0]
 # offer are those the kernel declares among them
 DTYPES = {name: t for name, t in (("fp16", torch.float16), ("bf16", torch.bfloat16))
           if t in KERNEL.dtypes}
-BACKENDS = (KERNEL.name, "flash", "cudnn")
-COLORS = {"triton": "tab:red", "flash": "tab:blue", "cudnn": "tab:green"}
+BACKENDS = (KERNEL.name, "triton_atomic_dq", "flash", "cudnn")
+COLORS = {"triton": "tab:red", "triton_atomic_dq": "tab:orange", "flash": "tab:blue",
+          "cudnn": "tab:green"}
+# the provider name of each backward design of triton_attention (bwd=...)
+BWD_PROVIDERS = {"three_kernels": KERNEL.name, "atomic_dq": "triton_atomic_dq"}
 
 
 def _ints(text):
@@ -52,6 +67,9 @@ def parse(argv):
     ap.add_argument("--n", default="1024,2048,4096,8192,16384", type=_ints,
                     help="sequence lengths (Nq = Nk)")
     ap.add_argument("--dtype", default="fp16,bf16", help="comma list of fp16, bf16")
+    ap.add_argument("--bwd", default="three_kernels",
+                    help="comma list of backward designs timed in fwd+bwd: "
+                         + ", ".join(BWD_PROVIDERS))
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=100, help="milliseconds of timed repeats")
@@ -74,6 +92,12 @@ def parse(argv):
     for d in args.d:
         if not KERNEL.takes_head_dim(d):
             ap.error(f"--d {d} is not a head dim {KERNEL.function} declares")
+    args.bwd = [b for b in args.bwd.split(",") if b]
+    for b in args.bwd:
+        if b not in BWD_PROVIDERS:
+            ap.error(f"--bwd takes {' and/or '.join(BWD_PROVIDERS)}, got {b!r}")
+    if not args.bwd:
+        ap.error("--bwd needs at least one backward design")
     args.causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     if True in args.causal and not KERNEL.alignments:
         ap.error(f"{KERNEL.function} declares no causal mask: --causal no")
@@ -98,10 +122,36 @@ def grid(args):
             if (causal, d, n, DTYPES[dtype_name]) in declared]
 
 
+def providers(mode, args):
+    """The columns timed for ``mode``: our kernel (one per backward design in
+    forward+backward), then SDPA's flash and cuDNN back ends."""
+    ours = ["triton"] if mode == "fwd" else [BWD_PROVIDERS[b] for b in args.bwd]
+    return ours + ["flash", "cudnn"]
+
+
+def columns(args):
+    """The printed table's columns for the designs in ``args.bwd``."""
+    cols = ["mode", "causal", "d", "n", "dtype", "triton"]
+    atomic = "atomic_dq" in args.bwd
+    if atomic:
+        cols.append("triton_atomic_dq")
+    cols += ["flash", "cudnn", "x_flash", "x_cudnn"]
+    if atomic:
+        cols += ["atomic_dq_x_flash", "atomic_dq_x_cudnn", "atomic_dq_x_three"]
+    cols.append("err_vs_flash")
+    if atomic:
+        cols.append("atomic_dq_err_vs_flash")
+    return cols
+
+
 def _backend_fn(name, q, k, v, causal):
     if name == KERNEL.name:
         fn = KERNEL.load()
         return lambda: fn(q, k, v, is_causal=causal, enable_gqa=True)
+    if name == "triton_atomic_dq":
+        from course_utils.triton_attention import triton_attention
+        return lambda: triton_attention(q, k, v, is_causal=causal, enable_gqa=True,
+                                        bwd="atomic_dq")
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
@@ -124,7 +174,7 @@ def measure(mode, causal, d, n, dtype_name, args):
     row = {"mode": mode, "causal": causal, "d": d, "n": n, "dtype": dtype_name,
            "batch": b, "heads": h}
     outs = {}
-    for name in BACKENDS:
+    for name in providers(mode, args):
         fwd = _backend_fn(name, q, k, v, causal)
         try:
             if mode == "fwd":
@@ -142,12 +192,16 @@ def measure(mode, causal, d, n, dtype_name, args):
             row[name] = None
             row[f"{name}_error"] = str(err).splitlines()[0][:160]
         torch.cuda.empty_cache()
-    if outs.get("triton") is not None and outs.get("flash") is not None:
-        a, r = outs["triton"].float(), outs["flash"].float()
-        row["err_vs_flash"] = float((a - r).norm() / r.norm())
-    for base in ("flash", "cudnn"):
-        if row.get("triton") and row.get(base):
-            row[f"x_{base}"] = row["triton"] / row[base]
+    # our providers' names in the ratio columns: "" for triton, "atomic_dq_" for the other
+    for name, prefix in (("triton", ""), ("triton_atomic_dq", "atomic_dq_")):
+        if outs.get(name) is not None and outs.get("flash") is not None:
+            a, r = outs[name].float(), outs["flash"].float()
+            row[f"{prefix}err_vs_flash"] = float((a - r).norm() / r.norm())
+        for base in ("flash", "cudnn"):
+            if row.get(name) and row.get(base):
+                row[f"{prefix}x_{base}"] = row[name] / row[base]
+    if row.get("triton_atomic_dq") and row.get("triton"):
+        row["atomic_dq_x_three"] = row["triton_atomic_dq"] / row["triton"]
     return row
 
 
@@ -206,7 +260,8 @@ def _save(args, rows, kept, cols):
     merged = [r for r in kept if _point(r) not in done] + rows
     commands = [c for c in kept_commands(args) if c != common.environment()["command"]]
     commands.append(common.environment()["command"])
-    return common.save(args.name, merged, extra={"columns": cols, "commands": commands})
+    return common.save(args.name, merged, extra={"columns": cols, "commands": commands,
+                                                 "bwd_designs": args.bwd})
 
 
 def kept_commands(args):
@@ -232,8 +287,7 @@ def main(argv):
     old = common.RESULTS / common.device_slug() / f"{args.name}.json"
     if args.merge and old.exists():
         kept = json.loads(old.read_text())["rows"]
-    cols = ["mode", "causal", "d", "n", "dtype", "triton", "flash", "cudnn", "x_flash",
-            "x_cudnn", "err_vs_flash"]
+    cols = columns(args)
     for mode, causal, d, n, dtype_name in grid(args):
         row = measure(mode, causal, d, n, dtype_name, args)
         rows.append(row)

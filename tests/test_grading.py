@@ -600,6 +600,9 @@ def test_codec_tensors_travel_on_the_cpu_and_go_back_to_their_device():
     assert back.device.type == "cpu" and torch.equal(back, t)   # decoding builds CPU data only
     assert codec.materialise(back).device.type == "meta"
     assert codec.materialise([back])[0].device.type == "meta"
+    # the grader decodes the student's records and encodes them again for the checking kernel
+    again = codec.decode(codec.loads(codec.dumps({"r": back})))["r"]
+    assert codec.materialise(again).device.type == "meta"
     enc["__on__"] = "evil(device)"
     assert codec.materialise(codec.decode(enc)).device.type == "cpu"
 

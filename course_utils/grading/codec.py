@@ -130,8 +130,11 @@ def encode(x, _depth=0):
         if type(t) is not torch.Tensor:
             t = t.as_subclass(torch.Tensor)
         out = {"__tensor__": t.clone()}
-        if x.device.type != "cpu":   # travels on the CPU; materialise puts it back
-            out["__on__"] = str(x.device)
+        # travels on the CPU; materialise puts it back (a tensor decoded here and encoded
+        # again, on its way from the grader to the checking kernel, keeps its device too)
+        on = str(x.device) if x.device.type != "cpu" else getattr(x, "_course_device", None)
+        if type(on) is str:
+            out["__on__"] = on
         return out
     if isinstance(x, torch.dtype):
         return {"__dtype__": str(x).replace("torch.", "")}

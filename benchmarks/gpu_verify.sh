@@ -2,8 +2,11 @@
 # Every check that needs a CUDA GPU, from the repository root, in parts that each fit in ten
 # minutes on an H100:
 #
-#     bash benchmarks/gpu_verify.sh kernels  [LOG_DIR]   # doctor, kernels at real sizes,
-#                                                         # GPU-marked tests
+#     bash benchmarks/gpu_verify.sh kernels  [LOG_DIR]   # doctor, lessons 6-7 kernels at
+#                                                         # real sizes (both backward
+#                                                         # designs), GPU-marked tests
+#     bash benchmarks/gpu_verify.sh hopper   [LOG_DIR]   # decoding and Hopper kernels at
+#                                                         # real sizes
 #     bash benchmarks/gpu_verify.sh problems [LOG_DIR]   # every lesson and solution under
 #                                                         # nbval, every exercise must fail its
 #                                                         # checks
@@ -34,8 +37,8 @@ cd "$(dirname "$0")/.."
 part=${1:-all}
 logs=${2:-artifacts/gpu}
 for p in ${part//,/ }; do
-    case "$p" in kernels|problems|grading|site|all) ;;
-        *) echo "usage: $0 kernels|problems|grading|site|all[,...] [LOG_DIR]" >&2; exit 2;; esac
+    case "$p" in kernels|hopper|problems|grading|site|all) ;;
+        *) echo "usage: $0 kernels|hopper|problems|grading|site|all[,...] [LOG_DIR]" >&2; exit 2;; esac
 done
 want() { [[ ",$part," == *",$1,"* || ",$part," == *",all,"* ]]; }
 mkdir -p "$logs"
@@ -72,7 +75,14 @@ if want kernels; then
     step doctor python3 -m course_utils doctor
     step attention env COURSE_TRITON_AUTOTUNE=0 python3 benchmarks/gpu_check_attention.py
     step attention_tuned env COURSE_TRITON_AUTOTUNE=1 python3 benchmarks/gpu_check_attention.py --quick
-    step pytest_gpu python3 -m pytest -q -p no:cacheprovider -m "gpu or hopper" tests --ignore=tests/browser
+    step attention_atomic_dq env COURSE_TRITON_AUTOTUNE=1 python3 benchmarks/gpu_check_attention.py \
+        --quick --bwd atomic_dq
+    # the GPU-marked tests, less those that run the cases of the check scripts again
+    step pytest_gpu python3 -m pytest -q -p no:cacheprovider -m "gpu or hopper" tests \
+        --ignore=tests/browser -k "not test_real_sizes_on_the_gpu and not test_atomic_dq_at_real_sizes \
+        and not test_declared_cases_match_the_reference"
+fi
+if want hopper; then
     step decode python3 benchmarks/check_decode_gpu.py
     step hopper python3 benchmarks/check_hopper_gpu.py
 fi

@@ -95,8 +95,15 @@ def fwd_configs():
     shapes = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2)]
     if not _AUTOTUNE:
         shapes = [(64, 64, 4, 2)]
+    # last, for rows of 1 KiB (float32 at head dim 256), which nothing above holds in
+    # shared memory (64 x 64 tiles in two stages need 320 KiB; an H100 has 227 KiB)
+    shapes.append(_SMALL["fwd"])
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
             for m, n, w, s in shapes]
+
+
+# the one tile shape of each kernel for rows of 1 KiB or more (see _fits)
+_SMALL = {"fwd": (32, 32, 4, 1), "dkdv": (16, 32, 4, 1), "dq": (32, 16, 4, 1)}
 
 
 def _zero_dq(nargs):
@@ -124,17 +131,31 @@ def bwd_configs(kernel: str):
         names = ("BLOCK_M2", "BLOCK_N2")
     if not _AUTOTUNE:
         shapes = shapes[-1:]
+    shapes.append(_SMALL["dq" if kernel == "dq" else "dkdv"])
     return [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s, pre_hook=hook)
             for m, n, w, s in shapes]
 
 
+def _is_small(c) -> bool:
+    return tuple(c.kwargs.values()) + (c.num_warps, c.num_stages) in set(_SMALL.values())
+
+
 def _fits(configs, named_args, **kwargs):
-    """Drop tile shapes that cannot hold a head dim of 256 in shared memory."""
+    """The tile shapes that hold the head dim's rows in shared memory: rows of 1 KiB
+    or more (float32 at head dim 256) get only the small single-stage shape; rows of
+    512 bytes (head dim 256 in 16 bits, 128 in float32) drop the shapes larger than
+    64 x 64 x 2; without autotuning (two shapes listed), the first that fits."""
     d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-    if d is None or d < 256 or len(configs) == 1:
-        return configs
-    small = [c for c in configs if math.prod(v for v in c.kwargs.values()) <= 64 * 64 * 2]
-    return small or configs[-1:]
+    q = named_args.get("Q")
+    row = (d or 0) * (q.element_size() if hasattr(q, "element_size") else 2)
+    small = [c for c in configs if _is_small(c)]
+    rest = [c for c in configs if not _is_small(c)]
+    if row >= 1024 or not rest:
+        return small[:1] or configs[-1:]
+    if row >= 512:
+        rest = [c for c in rest if math.prod(v for v in c.kwargs.values()) <= 64 * 64 * 2] \
+            or rest[-1:]
+    return rest if _AUTOTUNE else rest[:1]
 
 
 def _tuned(configs, key):

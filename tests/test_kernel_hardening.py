@@ -142,6 +142,34 @@ def test_decode_strided_seqlens_and_block_table():
 
 
 # --------------------------------------------------------------- autotune keys
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+@pytest.mark.parametrize("autotune", [True, False])
+def test_tile_shapes_fit_shared_memory_for_every_dtype_and_head_dim(kind, autotune, monkeypatch):
+    # float32 at head dim 256 has rows of 1 KiB: 64 x 64 tiles in two stages need
+    # 320 KiB (forward) and 512 KiB (dK/dV) of shared memory, past an H100's 227 KiB
+    import triton
+    monkeypatch.setattr(ta, "_AUTOTUNE", autotune)
+    names = {"fwd": ("BLOCK_M", "BLOCK_N"), "dkdv": ("BLOCK_M1", "BLOCK_N1"),
+             "dq": ("BLOCK_M2", "BLOCK_N2")}[kind]
+    big = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2)] if autotune else [(64, 64, 4, 2)]
+    configs = [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=st)
+               for m, n, w, st in big + [ta._SMALL[kind]]]
+
+    def chosen(d, dtype):
+        q = torch.empty(0, dtype=dtype)
+        return [tuple(c.kwargs.values()) + (c.num_warps, c.num_stages)
+                for c in ta._fits(configs, {"Q": q}, HEAD_DIM=d)]
+
+    assert chosen(256, torch.float32) == [ta._SMALL[kind]]
+    for d, dtype in ((256, torch.float16), (128, torch.float32)):
+        got = chosen(d, dtype)
+        assert got and ta._SMALL[kind] not in got
+        assert all(m * n <= 64 * 64 * 2 for m, n, _, _ in got)
+    for d, dtype in ((64, torch.float16), (128, torch.bfloat16), (64, torch.float32)):
+        got = chosen(d, dtype)
+        assert got == ([b for b in big] if autotune else big[:1])
+
+
 def test_autotune_keys_are_length_buckets():
     assert ta.length_bucket(1000) == ta.length_bucket(1024) == 1024
     assert ta.length_bucket(1025) == 2048

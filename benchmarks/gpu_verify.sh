@@ -89,7 +89,7 @@ fi
 if want site; then
     # one lesson at a time, so the timings the lessons print are not shared with another
     step executed_lessons python3 -m course_utils.site build --out artifacts/gpu-site --no-cache \
-        --jobs 1 --save-executed "$logs/executed"
+        --jobs 1 --on machine --save-executed "$logs/executed"
 fi
 if want problems; then
     step nbval_lessons_solutions python3 -m pytest --nbval-lax notebooks solutions $nb

@@ -102,15 +102,18 @@ def _fingerprint() -> str:
     return h.hexdigest()
 
 
-def _kernel_env() -> dict:
+def _kernel_env(on="cpu") -> dict:
     """What the lesson kernels get on top of this process's environment: static
-    widgets, inline figures (even under MPLBACKEND=Agg), the CPU (the site shows
-    the lessons as run on a CPU, whatever machine builds it)    and course_utils."""
-    return {"COURSE_STATIC_WIDGETS": "1",
-            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            "COURSE_DEVICE": "cpu",
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                          if p)}
+    widgets, inline figures (even under MPLBACKEND=Agg), course_utils, and the CPU
+    (``on="cpu"``: the site shows the lessons as run on a CPU, whatever machine builds
+    it) or this machine's own device (``on="machine"``: a GPU's figures and timings)."""
+    env = {"COURSE_STATIC_WIDGETS": "1",
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    if on == "cpu":
+        env["COURSE_DEVICE"] = "cpu"
+    return env
 
 
 def kernel_sockets(sock_dir):
@@ -125,7 +128,7 @@ def kernel_sockets(sock_dir):
     return cfg
 
 
-def _execute(path: str, timeout: int) -> tuple[str, str | None, float]:
+def _execute(path: str, timeout: int, on: str = "cpu") -> tuple[str, str | None, float]:
     """Run one lesson in a fresh kernel in static-widget mode. Returns the executed
     notebook as JSON text, an error line (or None) and the seconds it took."""
     import nbformat
@@ -150,7 +153,7 @@ def _execute(path: str, timeout: int) -> tuple[str, str | None, float]:
                     resources={"metadata": {"path": str(LESSONS_DIR)}},
                     store_widget_state=True, config=kernel_sockets(sock_dir))
     try:
-        client.execute(env=dict(os.environ, **_kernel_env()))   # the kernel's env only
+        client.execute(env=dict(os.environ, **_kernel_env(on)))   # the kernel's env only
         error = None
     except CellTimeoutError as exc:
         error = f"a cell ran past {timeout} s: {str(exc).splitlines()[0]}"
@@ -236,11 +239,12 @@ def outputs_from(lesson, executed_dir):
     return now, ""
 
 
-def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir, outputs_dir=None):
+def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir, outputs_dir=None,
+                 on="cpu"):
     """Executed notebook JSON per lesson path, running what the cache lacks."""
     import nbformat
     texts, todo, why = {}, [], {}
-    fp = _fingerprint() if execute else ""
+    fp = (_fingerprint() + on) if execute else ""
     for p in paths:
         if outputs_dir is not None:
             nb, why[p] = outputs_from(p, outputs_dir)
@@ -267,9 +271,9 @@ def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir, ou
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
                 results = list(pool.map(_execute, [str(p) for p, _ in todo],
-                                        [timeout] * len(todo)))
+                                        [timeout] * len(todo), [on] * len(todo)))
         else:
-            results = [_execute(str(p), timeout) for p, _ in todo]
+            results = [_execute(str(p), timeout, on) for p, _ in todo]
         for (p, cached), (text, error, secs) in zip(todo, results):
             texts[p] = text
             report.lessons.append((p.name, "executed" + (f" ({why[p]})" if why.get(p) else ""),
@@ -587,7 +591,7 @@ def strip_remote_scripts(body: str) -> str:
 
 def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache=True,
           timeout=600, cache_dir=CACHE_DIR, save_executed=None, outputs_dir=None,
-          log=print) -> BuildReport:
+          on="cpu", log=print) -> BuildReport:
     """Build the site into ``out`` and check it; returns a :class:`BuildReport`
     whose ``problems`` lists everything wrong (empty when the site is good).
 
@@ -598,7 +602,8 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
     ``save_executed``: a folder to write the executed lessons to (as
     ``NN_topic.ipynb``, for a later ``build(execute=False, src=that folder)``);
     ``outputs_dir``: take the outputs of lessons whose executed copy there is current
-    (see :func:`outputs_from`), executing the others."""
+    (see :func:`outputs_from`), executing the others; ``on``: ``"cpu"`` executes the
+    lessons on the CPU whatever the machine, ``"machine"`` on this machine's device."""
     if jobs is None:
         jobs = min(2, os.cpu_count() or 1)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -612,13 +617,15 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
                          f"(the lessons stay without outputs), got {save_executed}")
     if not paths:
         raise ValueError(f"no lesson notebooks NN_topic.ipynb in {src or LESSONS_DIR}")
+    if on not in ("cpu", "machine"):
+        raise ValueError(f"on must be 'cpu' or 'machine', got {on!r}")
     if outputs_dir is not None and not Path(outputs_dir).is_dir():
         raise ValueError(f"outputs_dir must be a folder of executed lessons, got {outputs_dir}")
     t0 = time.time()
     out = _prepare_out(Path(out))
     report = BuildReport(out)
     nbs = _run_lessons(paths, execute, use_cache, jobs, timeout, report, Path(cache_dir),
-                       None if outputs_dir is None else Path(outputs_dir))
+                       None if outputs_dir is None else Path(outputs_dir), on)
     if save_executed is not None:
         import nbformat
         keep = Path(save_executed)
@@ -778,6 +785,8 @@ def main(argv=None) -> int:
     b.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
     b.add_argument("--save-executed", metavar="DIR",
                    help="also write the executed lessons to DIR (reuse: --no-execute --src DIR)")
+    b.add_argument("--on", choices=("cpu", "machine"), default="cpu",
+                   help="execute the lessons on the CPU (default) or on this machine's GPU")
     b.add_argument("--outputs-from", metavar="DIR",
                    help="outputs of lessons executed elsewhere (e.g. benchmarks/<gpu>/executed): "
                         "used where their code is the lessons' code, the rest executed here")
@@ -789,7 +798,7 @@ def main(argv=None) -> int:
             report = build(args.out, lessons=args.lessons, execute=not args.no_execute,
                            src=args.src, jobs=args.jobs, use_cache=not args.no_cache,
                            timeout=args.timeout, save_executed=args.save_executed,
-                           outputs_dir=args.outputs_from)
+                           outputs_dir=args.outputs_from, on=args.on)
             problems = report.problems
         else:
             problems = check(args.site)

@@ -184,7 +184,10 @@ def _merge_kernel(PART_M, PART_L, PART_ACC, O, LSE, NUM_SPLITS,
 def _gpu_configs():
     return [triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=st)
             for bn, w, st in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4),
-                              (32, 4, 4))]
+                              (32, 4, 4),
+                              # the one that fits float32 at head dim 256: K and V tiles of
+                              # 32 KiB each, two stages (the others need more than 227 KiB)
+                              (32, 4, 2))]
 
 
 if device.HAS_GPU:

@@ -3,7 +3,8 @@ without a kernel.
 
     python -m course_utils.site build [--out site] [--lessons 01 04] [--jobs 2]
                                       [--no-execute] [--src DIR] [--no-cache]
-                                      [--save-executed DIR]
+                                      [--save-executed DIR] [--on cpu|machine]
+                                      [--outputs-from DIR]
     python -m course_utils.site check [site]
 
 ``build`` executes each lesson in ``notebooks/`` with ``COURSE_STATIC_WIDGETS=1``,
@@ -31,10 +32,11 @@ the ``course_utils`` sources, so a rebuild re-runs only what changed.
 ``--no-execute`` renders notebooks as they are (``--src`` points at a folder of
 already executed lessons, such as one written by ``--save-executed DIR``).
 
-``--outputs-from DIR`` takes each lesson's outputs from an executed copy in
-``DIR`` (the GPU verify run saves the H100's in
-``benchmarks/<device>/verify/executed/``), so readers without a GPU see the GPU's
-figures and timings beside today's text: a copy is used only when its code
+``--on machine`` executes the lessons on this machine's GPU (by default they run
+on the CPU whatever the machine); ``bash benchmarks/gpu_verify.sh site LOG_DIR``
+does that and keeps the runs in ``LOG_DIR/executed``. ``--outputs-from DIR``
+takes each lesson's outputs from an executed copy in ``DIR``, so readers
+without a GPU see the GPU's figures and timings beside today's text: a copy is used only when its code
 cells are the lesson's code cells, as they are now (markdown may have changed
 since); a lesson whose copy is missing or stale is executed here, and the build
 log says which lessons are which.

@@ -109,6 +109,11 @@ def test_build_rejects_bad_arguments(tmp_path):
         site.build(tmp_path / "s", jobs=0)
     with pytest.raises(ValueError, match="timeout must be a positive int"):
         site.build(tmp_path / "s", timeout=0)
+    with pytest.raises(ValueError, match="on must be 'cpu' or 'machine'"):
+        site.build(tmp_path / "s", on="gpu")
+    # the lessons run on the CPU unless asked to run on this machine's device
+    assert site._kernel_env()["COURSE_DEVICE"] == "cpu"
+    assert "COURSE_DEVICE" not in site._kernel_env("machine")
     with pytest.raises(ValueError, match="src must be a folder"):
         site.build(tmp_path / "s", src=tmp_path / "nowhere")
     with pytest.raises(ValueError, match="out must be a folder for the site only"):

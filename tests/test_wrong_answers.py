@@ -7,8 +7,8 @@ import nbformat
 import pytest
 
 from course_utils.grading import grader
-from tests.wrong_answers import (MIN_WRONG, TABLE, exercises_of, problem_sets, submissions,
-                                 table_markdown, wrong_answers)
+from tests.wrong_answers import (MIN_WRONG, TABLE, dependencies, exercises_of, problem_sets,
+                                 submissions, table_markdown, wrong_answers)
 
 SETS = problem_sets()
 
@@ -48,6 +48,27 @@ def test_every_exercise_has_wrong_answers(solution):
                        f"in tests/wrong_answers/{solution.stem}.py: {short}")
     unknown = set(table) - set(exercises_of(nb))
     assert not unknown, f"{solution.stem}: wrong answers for exercises it does not have: {unknown}"
+
+
+def test_wrong_answers_are_never_graded_beside_a_wrong_answer_they_build_on():
+    # 7.6 assembles the backward from the kernels of 7.1-7.3 (through the template's
+    # wrappers): graded beside a wrong 7.1, any 7.6 would score zero
+    assert dependencies("07_triton_backward")["7.6"] == {"7.1", "7.2", "7.3"}
+    assert dependencies("04_tiled_attention")["4.3"] == {"4.2"}
+    for solution in SETS:
+        deps = dependencies(solution.stem)
+        table = wrong_answers(solution.stem)
+        seen = []
+        for _, nb, used in submissions(solution.stem):
+            for a in used:
+                assert not deps[a] & set(used), (solution.stem, a, used)
+                seen.append((a, used[a]))
+            # every other answer cell holds the official answer
+            for cell in nb.cells:
+                meta = cell.get("metadata", {}).get("course", {})
+                if meta.get("role") == "answer" and meta["exercise"] not in used:
+                    assert "### BEGIN SOLUTION" in cell.source, (solution.stem, meta["exercise"])
+        assert sorted(seen) == sorted((ex, why) for ex, cases in table.items() for why in cases)
 
 
 def test_instructor_table_is_current():

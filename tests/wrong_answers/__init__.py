@@ -13,8 +13,10 @@
 
 one entry per exercise of that problem set, each a dict from a short description of
 the mistake to the full source of an answer cell (first line ``# Exercise N.k``).
-``tests/test_wrong_answers.py`` grades them with ``course-grade``: submission ``j``
-takes the ``j``-th wrong answer of every exercise, and every exercise must score zero.
+``tests/test_wrong_answers.py`` grades them with ``course-grade``: each submission holds
+wrong answers to several exercises that do not build on one another and the official
+answers elsewhere (so an exercise that builds on an earlier one is graded with that one
+right), and every wrong answer must score zero on its exercise.
 ``python -m tests.wrong_answers`` prints the instructors' table of checks and caught
 mistakes (kept in ``docs/problem-sets.md``).
 """
@@ -60,27 +62,97 @@ def exercises_of(nb) -> list[str]:
     return out
 
 
+def _defined(src: str) -> set[str]:
+    """Top-level names a cell binds (functions, classes, assignments, imports)."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return set()
+    out = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return out
+
+
+def dependencies(stem: str) -> dict[str, set[str]]:
+    """``{B: {A, ...}}``: the earlier exercises whose answers exercise ``B`` builds on.
+    ``A``'s *carriers* are the names its official answer defines and, transitively, the
+    names a template cell defines when its code mentions a carrier (a wrapper that
+    launches a template kernel calling ``A``'s device function, say); ``B`` depends on
+    ``A`` when ``B``'s official answer or check cell mentions a carrier of ``A``."""
+    import re
+
+    from course_utils.grading import grader, instrument
+    tpl = grader.load_template(stem, root=ROOT)
+    cells = tpl.nb.cells
+    own = {i for e in tpl.exercises for i in (e.answer_index, e.check_index)}
+    template = [c.source for i, c in enumerate(cells) if c.cell_type == "code" and i not in own]
+
+    def mentions(names, src):
+        return bool(names) and re.search(
+            r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b", src) is not None
+
+    out = {e.id: set() for e in tpl.exercises}
+    for a in tpl.exercises:
+        carriers = set(instrument.answer_names(cells[a.answer_index].source, f"answer of {a.id}"))
+        grew = True
+        while grew:
+            new = set().union(*[_defined(src) for src in template if mentions(carriers, src)])
+            grew = not new <= carriers
+            carriers |= new
+        for b in tpl.exercises:
+            if b.check_index > a.check_index and any(
+                    mentions(carriers, cells[i].source) for i in (b.answer_index, b.check_index)):
+                out[b.id].add(a.id)
+    return out
+
+
 def submissions(stem: str) -> list[tuple[str, object, dict[str, str]]]:
-    """``(name, notebook, {exercise: description})`` for each wrong submission: the
-    exercise notebook with answer cell ``ex`` replaced by its ``j``-th wrong answer."""
+    """``(name, notebook, {exercise: description})`` for each wrong submission.
+
+    Each submission holds wrong answers for several exercises at once and the official
+    answer everywhere else, but never a wrong answer beside a wrong answer to an exercise
+    it builds on or that builds on it (:func:`dependencies`): a mistake must score zero
+    because of what it gets wrong, not because an earlier answer was wrong too. Every
+    wrong answer of the table is in exactly one submission."""
     table = wrong_answers(stem)
     if not table:
         return []
+    from course_utils.grading import grader
     exercise = nbformat.read(ROOT / "exercises" / f"{stem}.ipynb", as_version=4)
-    k = max(len(v) for v in table.values())
+    tpl = grader.load_template(stem, root=ROOT)
+    official = {e.id: tpl.nb.cells[e.answer_index].source for e in tpl.exercises}
+    deps = dependencies(stem)
+
+    def related(a, b):
+        return a in deps.get(b, ()) or b in deps.get(a, ())
+
+    todo = {ex: list(cases.items()) for ex, cases in table.items()}
     subs = []
-    for j in range(k):
+    while any(todo.values()):
+        picked = []
+        for ex in sorted(todo, key=lambda e: -len(todo[e])):   # the longest lists first
+            if todo[ex] and not any(related(ex, p) for p in picked):
+                picked.append(ex)
+        chosen = {ex: todo[ex].pop(0) for ex in picked}
         nb = copy.deepcopy(exercise)
         used = {}
         for cell in nb.cells:
             meta = cell.get("metadata", {}).get("course", {})
             ex = meta.get("exercise")
-            if meta.get("role") == "answer" and ex in table:
-                cases = list(table[ex].items())
-                why, src = cases[j % len(cases)]
+            if meta.get("role") != "answer":
+                continue
+            if ex in chosen:
+                why, src = chosen[ex]
                 cell.source = src.strip("\n")
                 used[ex] = why
-        subs.append((f"wrong{j + 1}", nb, used))
+            elif ex in official:
+                cell.source = official[ex]
+        subs.append((f"wrong{len(subs) + 1}", nb, used))
     return subs
 
 

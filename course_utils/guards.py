@@ -416,12 +416,21 @@ def run_answer(fn: Callable, *args, forbid: Iterable = (), exercise: str | None 
     """Call ``fn(*args, **kwargs)`` the way a check should: on clones of every tensor
     argument (so the check's own tensors and references stay untouched), under
     :func:`forbid`, and fail if the answer changed an input in place (unless its
-    position or keyword is in ``may_modify``). Returns ``fn``'s result."""
+    position or keyword is in ``may_modify``). ``shape_tails`` pairs that are the last
+    two sizes of an input tensor are dropped (the ban cannot tell that tensor's copies
+    from the score matrix). Returns ``fn``'s result."""
     if not callable(fn):
         raise CheckFailed(f"{name or 'answer'}: expected a function, got {type(fn).__name__}")
     label = name or getattr(fn, "__name__", "answer")
     c_args, c_kwargs = _clone(list(args)), _clone(dict(kwargs))
     before_args, before_kwargs = _clone(c_args), _clone(c_kwargs)
+    if shape_tails:
+        # sizes that coincide (a head dim equal to Nq, say) make an input's own shape look
+        # like the score matrix: a tensor shaped like an input is never banned
+        inputs = {frozenset(int(n) for n in t.shape[-2:])
+                  for t in tree_flatten([c_args, c_kwargs])[0]
+                  if isinstance(t, torch.Tensor) and t.dim() >= 2}
+        shape_tails = [(a, b) for a, b in shape_tails if frozenset((a, b)) not in inputs]
     with _forbid(*forbid, exercise=exercise, asks=asks, allow=allow,
                  shape_tails=shape_tails, max_numel=max_numel):
         out = fn(*c_args, **c_kwargs)

@@ -119,6 +119,23 @@ def test_full_score_matrix_is_caught_by_shape():
     guards.run_answer(tiled, q, k, v, shape_tails=[(13, 21)])
 
 
+def test_score_matrix_ban_spares_tensors_shaped_like_an_input():
+    # Nq = 8 queries, Nk = 12 keys of head dim 8: dK has K's shape (12, 8), which is also
+    # the transposed score matrix's; a tiled backward allocates it and must not fail
+    q, k = torch.randn(8, 8), torch.randn(12, 8)
+
+    def grads(q, k):
+        dk = torch.zeros_like(k)
+        for j in range(0, 12, 4):
+            dk[j:j + 4] = (q.T @ (q @ k[j:j + 4].T)).T
+        return dk
+    guards.run_answer(grads, q, k, shape_tails=[(8, 12)])
+    # with a head dim of 5 the sizes no longer collide and the whole matrix is caught
+    q5, k5 = torch.randn(8, 5), torch.randn(12, 5)
+    with pytest.raises(CheckFailed, match="8 x 12"):
+        guards.run_answer(lambda q, k: q @ k.T, q5, k5, shape_tails=[(8, 12)])
+
+
 def test_torch_math_group_leaves_allocation_alone():
     x = torch.randn(8)
     with guards.forbid("torch-math"):

@@ -1,6 +1,11 @@
 """Every problem set is graded with ``course-grade`` against the wrong answers learners
-write (``tests/wrong_answers/``): each must score zero on its exercise, while the
-solution scores full marks and the untouched exercise zero."""
+write (``tests/wrong_answers/``): each must score zero on its exercise, and the official
+answers beside it full marks.
+
+The official solution itself goes through the same path first: ``course-grade`` runs it
+as a student's notebook (answers exported, the checks replayed in a second kernel) before
+grading anyone and stops with the failing check if it loses a point. That every
+generated exercise fails its checks is tests/test_exercises.py."""
 import shutil
 
 import nbformat
@@ -13,29 +18,42 @@ from tests.wrong_answers import (MIN_WRONG, TABLE, dependencies, exercises_of, p
 SETS = problem_sets()
 
 
+def _downstream(deps: dict, targets) -> set:
+    """The exercises that build, directly or not, on any of ``targets``."""
+    out, grew = set(targets), True
+    while grew:
+        new = {b for b, a in deps.items() if b not in out and a & out}
+        grew = bool(new)
+        out |= new
+    return out
+
+
 @pytest.mark.parametrize("solution", SETS, ids=[p.stem for p in SETS])
 def test_problem_set_scores_right_and_wrong(solution, tmp_path):
-    exercise = solution.parent.parent / "exercises" / solution.name
     subs = tmp_path / "subs"
     subs.mkdir()
-    shutil.copy(solution, subs / "solution.ipynb")
-    shutil.copy(exercise, subs / "exercise.ipynb")
     wrong = submissions(solution.stem)
     for name, nb, _ in wrong:
         nbformat.write(nb, subs / f"{name}.ipynb")
     out = tmp_path / "out"
+    # raises GradingError naming the check if the official solution loses a point
     res = grader.grade(solution.stem, subs, out, workers=2, cell_timeout=600, timeout=1200)
     tpl = grader.load_template(solution.stem)
-    sol, ex = res.students["solution"], res.students["exercise"]
-    assert sol["total"] == tpl.max_points, (out / "feedback" / "solution.md").read_text()
-    assert ex["total"] == 0, (out / "feedback" / "exercise.md").read_text()
-    slipped = []
+    points = {e.id: e.points for e in tpl.exercises}
+    deps = dependencies(solution.stem)
+    slipped, lost = [], []
     for name, _, used in wrong:
         got = {x["exercise"]: x["points"] for x in res.students[name]["exercises"]}
         for ex_id, why in used.items():
             if got.get(ex_id, 0) != 0:
                 slipped.append(f"{ex_id} '{why}' scored {got[ex_id]}")
+        # an official answer that builds on no wrong answer of this submission keeps its marks
+        for ex_id in set(points) - _downstream(deps, used):
+            if got.get(ex_id) != points[ex_id]:
+                lost.append(f"{name}: the official {ex_id} scored {got.get(ex_id)} beside "
+                            f"wrong answers to {sorted(used)}")
     assert not slipped, "wrong answers that earned marks:\n  " + "\n  ".join(slipped)
+    assert not lost, "official answers that lost marks:\n  " + "\n  ".join(lost)
 
 
 @pytest.mark.parametrize("solution", SETS, ids=[p.stem for p in SETS])

@@ -3,22 +3,14 @@
 undeclared combination never appears and a new declaration adds cases. Their case
 runners also work in the interpreter at tiny sizes, so a CPU catches a broken script."""
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from course_utils.contract import ALIGNMENTS, FLOAT_DTYPES, LAYOUTS, implementation
+from tests.bench_scripts import load
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+_load = load
 
 
 ATTN, HOPPER, DECODE = (_load(n) for n in ("gpu_check_attention", "check_hopper_gpu",

@@ -1,27 +1,17 @@
 """Lesson 8 kernels: the cases each Hopper kernel's record declares (the ones
 ``benchmarks/check_hopper_gpu.py`` runs at real sizes), in Triton's interpreter at tiny
 sizes on a CPU and at real sizes on an sm90 GPU, where the Gluon kernel runs too."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from course_utils import device
 from course_utils.hopper import fp8, gluon_fwd, triton_fwd
+from tests.bench_scripts import load
 
 DEV = device.DEVICE
 
 
-def _gpu_check():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "check_hopper_gpu.py"
-    spec = importlib.util.spec_from_file_location("check_hopper_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-CHECK = _gpu_check()
+CHECK = load("check_hopper_gpu")
 # (B, Hq, Hkv, Nq, Nk): one row, ragged lengths both ways, GQA and MQA, and one size the
 # Gluon kernel takes (multiples of 128); on an sm90 GPU the script's real sizes
 CPU_SIZES = [(1, 2, 2, 1, 1), (1, 2, 1, 33, 20), (1, 4, 2, 17, 40), (1, 2, 1, 128, 128)]

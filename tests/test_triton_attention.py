@@ -3,7 +3,6 @@
 On a CPU they run in Triton's interpreter with one fixed configuration, so sizes stay
 small; the ``gpu`` tests repeat the cases of ``benchmarks/gpu_check_attention.py`` at
 real sizes with the compiled kernels."""
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from course_utils import device
 from course_utils.attention import naive_attention
 from course_utils.checks import check_close
 from course_utils.backward import flash_attention_backward
+from tests.bench_scripts import load
 from course_utils.triton_attention import (padded_head_dim, triton_attention,
                                            triton_attention_backward,
                                            triton_attention_forward)
@@ -211,11 +211,7 @@ def test_lower_right_is_the_last_rows_of_the_square_mask():
 
 # --------------------------------------------------------------------------- GPU
 def _gpu_check():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_attention.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("gpu_check_attention")
 
 
 @pytest.mark.gpu

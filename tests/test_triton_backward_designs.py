@@ -183,13 +183,8 @@ def test_benchmark_rows_ratios_and_json(monkeypatch, tmp_path):
 
 # --------------------------------------------------------------------------- GPU
 def _gpu_check():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_attention.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests.bench_scripts import load
+    return load("gpu_check_attention")
 
 
 @pytest.mark.gpu

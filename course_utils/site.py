@@ -242,8 +242,10 @@ def outputs_from(lesson, executed_dir):
 
 
 def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir, outputs_dir=None,
-                 on="cpu"):
-    """Executed notebook JSON per lesson path, running what the cache lacks."""
+                 on="cpu", done=None):
+    """Executed notebook JSON per lesson path, running what the cache lacks.
+    ``done(path, text, error, seconds)`` is called as each execution ends (in the
+    order they end), so a long run keeps what it finished if it is stopped."""
     import nbformat
     texts, todo, why = {}, [], {}
     fp = (_fingerprint() + on) if execute else ""
@@ -267,16 +269,27 @@ def _run_lessons(paths, execute, use_cache, jobs, timeout, report, cache_dir, ou
         else:
             todo.append((p, cached))
     if todo:
+        results = {}
+
+        def finished(i, result):
+            results[i] = result
+            if done is not None:
+                done(todo[i][0], *result)
+
         if jobs > 1 and len(todo) > 1:
             import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+            from concurrent.futures import ProcessPoolExecutor, as_completed
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
-                results = list(pool.map(_execute, [str(p) for p, _ in todo],
-                                        [timeout] * len(todo), [on] * len(todo)))
+                futures = {pool.submit(_execute, str(p), timeout, on): i
+                           for i, (p, _) in enumerate(todo)}
+                for fut in as_completed(futures):
+                    finished(futures[fut], fut.result())
         else:
-            results = [_execute(str(p), timeout, on) for p, _ in todo]
-        for (p, cached), (text, error, secs) in zip(todo, results):
+            for i, (p, _) in enumerate(todo):
+                finished(i, _execute(str(p), timeout, on))
+        for i, (p, cached) in enumerate(todo):
+            text, error, secs = results[i]
             texts[p] = text
             report.lessons.append((p.name, "executed" + (f" ({why[p]})" if why.get(p) else ""),
                                    secs))
@@ -626,13 +639,22 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
     t0 = time.time()
     out = _prepare_out(Path(out))
     report = BuildReport(out)
-    nbs = _run_lessons(paths, execute, use_cache, jobs, timeout, report, Path(cache_dir),
-                       None if outputs_dir is None else Path(outputs_dir), on)
-    if save_executed is not None:
-        import nbformat
-        keep = Path(save_executed)
+    keep = None if save_executed is None else Path(save_executed)
+    if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        for p in paths:
+
+    def done(path, text, error, secs):
+        # each lesson is logged and kept as soon as it has run, not after the last
+        log(f"[site] {path.name}: executed in {secs:.1f} s" + (f" ({error})" if error else ""))
+        sys.stdout.flush()
+        if keep is not None:
+            (keep / path.name).write_text(text, encoding="utf-8")
+
+    nbs = _run_lessons(paths, execute, use_cache, jobs, timeout, report, Path(cache_dir),
+                       None if outputs_dir is None else Path(outputs_dir), on, done)
+    if keep is not None:
+        import nbformat
+        for p in paths:           # lessons from the cache or from outputs_dir, frozen
             nbformat.write(nbs[p], keep / p.name)
 
     from nbconvert import HTMLExporter
@@ -653,7 +675,8 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
     report.problems.extend(check(out))
     report.seconds = time.time() - t0
     for name, how, secs in report.lessons:
-        log(f"[site] {name}: {how}" + (f" in {secs:.1f} s" if secs else ""))
+        if not how.startswith("executed"):          # those were logged as they ended
+            log(f"[site] {name}: {how}" + (f" in {secs:.1f} s" if secs else ""))
     log(f"[site] {len(pages)} lesson pages and index.html in {out} ({report.seconds:.1f} s)")
     return report
 

@@ -401,3 +401,26 @@ def test_build_every_lesson(tmp_path):
                           if c.cell_type == "markdown"):
             assert "<math" in page_p, f"{p.stem}: its math is not rendered"
     assert "application/vnd.jupyter.widget-view+json" not in page
+
+
+def test_each_lesson_is_kept_as_soon_as_it_has_run(small_course, tmp_path, monkeypatch):
+    """A long GPU run stopped part-way keeps (and has logged) the lessons it finished."""
+    src, _, _, _ = small_course
+    real = site._execute
+    ran = []
+
+    def stop_at_second(path, timeout, on="cpu"):
+        if ran:
+            raise KeyboardInterrupt("stopped from outside")
+        ran.append(path)
+        return real(path, timeout, on)
+
+    monkeypatch.setattr(site, "_execute", stop_at_second)
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        site.build(tmp_path / "out", src=src, lessons=["00", "01"], jobs=1, use_cache=False,
+                   save_executed=tmp_path / "kept", log=lines.append)
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["00_intro.ipynb"]
+    kept = nbformat.read(tmp_path / "kept" / "00_intro.ipynb", as_version=4)
+    assert any(c.get("outputs") for c in kept.cells if c.cell_type == "code")
+    assert len(lines) == 1 and lines[0].startswith("[site] 00_intro.ipynb: executed in ")

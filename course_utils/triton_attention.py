@@ -207,14 +207,18 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m, offs_n, offs_d,
                D, NK, DIAG, lo, hi, qk_scale,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               PAD_D: tl.constexpr, UPCAST: tl.constexpr, POS_SCALE: tl.constexpr):
+               PAD_D: tl.constexpr, UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
+               WS: tl.constexpr = False):
     """Stream key/value tiles ``[lo, hi)`` past the running state of one query tile.
     ``MASKED=False``: every key of every tile is visible, so no comparison is made.
+    ``WS``: ask Triton to warp-specialise the loop (loads in warps of their own); off,
+    because on an H100 with Triton 3.6 it bought nothing for this kernel
+    (benchmarks/<device>/ablation.md).
 
     ``k_base``/``v_base`` point at the head's first key; the tile at ``start_n`` starts
     ``start_n * stride`` elements further, a 64-bit scalar, while the offsets inside a
     tile (``k_off``, ``v_off``) stay small 32-bit numbers computed once."""
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_off
         v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_off
         if MASKED:
@@ -266,7 +270,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                      HQ, GROUP, NQ, NK, D, DIAG, qk_scale, NQ_BUCKET, NK_BUCKET,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr = False):
     # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig).
     # With CAUSAL, key j is visible to query i when j <= i + DIAG (DIAG = 0: SDPA's
     # top-left mask; DIAG = NK - NQ: the bottom-right mask of decoding).
@@ -312,10 +316,10 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
         hi = NK
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
                                offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
-                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE)
+                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
                                offs_m, offs_n, offs_d, D, NK, DIAG, mid, hi, qk_scale,
-                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE)
+                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS)
     # a row that sees no key at all: output 0 and lse -inf (SDPA gives NaN there)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -31,7 +31,10 @@ KERNELS = implementations(package="course_utils.hopper")
 # (B, Hq, Hkv, Nq, Nk): square and ragged lengths, GQA and MQA; a record takes those it
 # declares (the Gluon kernel only lengths that are multiples of 128)
 SIZES = [(2, 4, 4, 1024, 1024), (1, 4, 2, 777, 1000), (1, 2, 1, 300, 129),
-         (1, 2, 2, 513, 513), (1, 4, 2, 640, 640), (1, 2, 2, 256, 256)]
+         (1, 2, 2, 513, 513), (1, 4, 2, 640, 640), (1, 2, 2, 256, 256),
+         # Nq != Nk in multiples of 128: the two causal alignments differ, and a
+         # lower-right mask with Nq > Nk leaves rows (and whole tiles) that see no key
+         (1, 4, 2, 256, 640), (1, 2, 2, 640, 256)]
 # the schedule options of each kernel (not part of the contract: the same function and
 # answer, another schedule); every case of a kernel runs with each of them
 VARIANTS = {

@@ -82,8 +82,6 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
     with pytest.raises(ValueError, match="multiple of 128"):
         gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
     q, k, v = _qkv(1, 2, 2, 128, 128, 64)
-    with pytest.raises(ValueError, match="non-causal"):
-        gluon_fwd.attention_gluon(q, k, v, is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match="pass pipeline=True"):
         gluon_fwd.attention_gluon(q, k, v, pingpong=True, pipeline=False, enable_gqa=True)
     with pytest.raises(ValueError, match="loader_regs"):

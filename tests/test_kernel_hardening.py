@@ -314,3 +314,26 @@ def test_gluon_any_number_of_stages_finishes(stages):
         pytest.fail(f"attention_gluon(stages={stages}) did not finish in 180 s (deadlock)")
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("ok") == 3
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("opts", [dict(pipeline=False), dict(pipeline=True, stages=1),
+                                  dict(pipeline=True), dict(pingpong=True, stages=3)],
+                         ids=["serial", "pipelined-1-stage", "pipelined", "pingpong"])
+def test_gluon_causal_rows_without_keys_and_both_alignments(opts):
+    from course_utils.hopper import gluon_fwd
+    for nq, nk in ((384, 128), (256, 640), (512, 512)):
+        q = _rand(2, 4, nq, 128, seed=1).half().cuda()
+        k, v = (_rand(2, 2, nk, 128, seed=s).half().cuda() for s in (2, 3))
+        for alignment, diag in (("causal_upper_left", 0), ("causal_lower_right", nk - nq)):
+            o, lse = gluon_fwd.attention_gluon(q, k, v, is_causal=True, alignment=alignment,
+                                               enable_gqa=True, return_lse=True, **opts)
+            ref, ref_lse = _masked_ref(q.double(), k.double().repeat_interleave(2, 1),
+                                       v.double().repeat_interleave(2, 1), diag)
+            empty = max(0, -diag)                 # rows that see no key
+            where = f"{opts} {alignment} Nq={nq} Nk={nk}"
+            assert not torch.isnan(o).any() and not torch.isnan(lse).any(), where
+            assert (o[:, :, :empty] == 0).all() and torch.isneginf(lse[:, :, :empty]).all(), where
+            assert _rel(o[:, :, empty:], ref[:, :, empty:].to(o.dtype)) < 4e-3, where
+            torch.testing.assert_close(lse[:, :, empty:].double(), ref_lse[:, :, empty:],
+                                       atol=1e-2, rtol=0, msg=where)

@@ -81,7 +81,7 @@ def _fwd_fn(name, q, k, v, causal):
         return lambda: attention_tma(q, k, v, is_causal=causal, num_stages=3)
     if name == "gluon":
         from course_utils.hopper.gluon_fwd import attention_gluon
-        return lambda: attention_gluon(q, k, v, pingpong=True, stages=3)
+        return lambda: attention_gluon(q, k, v, is_causal=causal, pingpong=True, stages=3)
     if name == "fp8":
         from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
         prep = prepare_fp8(q, k, v, hadamard=True)

@@ -35,9 +35,14 @@ its barriers complete phase ``(j // STAGES) & 1``. The producer's first wait on 
 "empty" barrier asks for the phase *before* the first (parity 1), which a fresh
 barrier reports as complete, so the ring starts empty without a special case.
 
-Sizes: D in {64, 128}, ``Nq`` and ``Nk`` multiples of 128, no causal mask (lesson 6's
-Triton kernel covers those). Runs only on an sm90 GPU; importing this module works
-anywhere.
+Causal masks (both alignments of :mod:`course_utils.contract`): a query tile loads only
+the key blocks its last row can see; the consumer masks a block only where the mask cuts
+it (the diagonal blocks), and the grid starts with the longest tiles. A row that sees no
+key (lower-right mask with ``Nq > Nk``: the first ``Nq - Nk`` rows) gives 0 and LSE
+``-inf``; a tile of such rows loads nothing.
+
+Sizes: D in {64, 128}, ``Nq`` and ``Nk`` multiples of 128 (lesson 6's Triton kernel
+takes any). Runs only on an sm90 GPU; importing this module works anywhere.
 """
 from __future__ import annotations
 
@@ -114,6 +119,38 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_i
 
     @gluon.jit
+    def _softmax_masked(s, m_i, l_i, qk_scale, row0, col0, diag, s_layout: gl.constexpr):
+        # the same update on a block the causal mask cuts: key col0 + c is visible to
+        # query row0 + r when col0 + c <= row0 + r + diag. A row that has seen no
+        # visible key yet keeps m = -inf; subtracting 0 instead keeps -inf - -inf (NaN)
+        # out of p and alpha.
+        BLOCK_M: gl.constexpr = s.shape[0]
+        BLOCK_N: gl.constexpr = s.shape[1]
+        rows = row0 + diag + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, s_layout: gl.constexpr):
+        # key block j: masked only where the causal mask cuts it (its last key is
+        # past what the consumer's first row sees); without a mask diag is so large
+        # that no block is cut
+        BLOCK_N: gl.constexpr = s.shape[1]
+        if j * BLOCK_N + BLOCK_N - 1 > row0 + diag:
+            p, alpha, m_new, l_i = _softmax_masked(s, m_i, l_i, qk_scale, row0, j * BLOCK_N,
+                                                   diag, s_layout)
+        else:
+            p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
     def _release(empty, st):
         # every warp of the consumer partition has finished its wgmma reads of the
         # slot before one thread tells the producer it may overwrite it
@@ -137,7 +174,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, C: gl.constexpr,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, C: gl.constexpr,
                   PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
         128 rows) or, with ``PINGPONG``, two (4 warps, 64 rows each) that take turns on
@@ -161,8 +198,13 @@ if GLUON_AVAILABLE:
         acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
 
+        row0 = m0 + C * BLOCK_M                  # this consumer's first query position
         mbarrier.wait(q_bar, 0)
-        if PIPELINE:
+        if n_blocks == 0:
+            # a causal tile whose rows see no key (lower-right mask, Nq > Nk): nothing
+            # to load or multiply; the output is 0 and the LSE -inf, as lesson 6's
+            pass
+        elif PIPELINE:
             # prologue: S_0 and its softmax
             mbarrier.wait(k_ready.index(0), 0)
             if PINGPONG:
@@ -173,7 +215,7 @@ if GLUON_AVAILABLE:
                 _turn_pass(turn, C)
             s = warpgroup_mma_wait(0, deps=(s,))
             _release(k_empty, 0)                 # K_0 is read: the producer may refill it
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, 0, diag, s_layout)
             for j in range(n_blocks - 1):
                 st = j % STAGES
                 nst = (j + 1) % STAGES
@@ -199,7 +241,8 @@ if GLUON_AVAILABLE:
                 # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
                 s = warpgroup_mma_wait(1, deps=(s_next,))
                 _release(k_empty, nst)           # K_{j+1} is read; V_j may still be in use
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j + 1, diag,
+                                                     s_layout)
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
                 _release(v_empty, st)
             last = n_blocks - 1
@@ -224,7 +267,7 @@ if GLUON_AVAILABLE:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s,))
                 _release(k_empty, st)
-                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, s_layout)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -232,7 +275,9 @@ if GLUON_AVAILABLE:
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 _release(v_empty, st)
 
-        out = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+        # a row that saw no key (only under a lower-right mask with Nq > Nk): 0 and -inf
+        empty = l_i == 0.0
+        out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), row_o), 1)
         # 64-bit row offsets: B * H * N * D passes 2**31 long before the row count does
         base = o_row + C * BLOCK_M
         rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
@@ -240,48 +285,61 @@ if GLUON_AVAILABLE:
         gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
                  out.to(o_ptr.dtype.element_ty))
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
-                 (m_i + gl.log2(l_i)) * _LN2)
+                 gl.where(empty, float("-inf"), (m_i + gl.log2(l_i)) * _LN2))
 
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
     def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+                         turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 0, False, False)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 0, False, False)
 
     @gluon.jit
     def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                            turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+                            turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 0, True, False)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 0, True, False)
 
     @gluon.jit
     def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 0, True, True)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 0, True, True)
 
     @gluon.jit
     def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale):
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, 1, True, True)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 1, True, True)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
-                        D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        DIAG, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
         # Q_TILES = 2: ping-pong, two consumers of BLOCK_M // 2 rows (4 warps each).
+        # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
+        # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
         start_m = gl.program_id(0)
+        if CAUSAL:
+            # longest rows first: the last query tiles see the most key blocks, so they
+            # start first and the short ones fill in at the end of the grid
+            start_m = gl.num_programs(0) - 1 - start_m
         bh = gl.program_id(1)
         b = bh // Hq
         h = bh % Hq
         q_row = bh * Nq + start_m * BLOCK_M
         kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
+        m0 = start_m * BLOCK_M
         n_blocks = Nk // BLOCK_N
+        diag = Nk + BLOCK_N                      # no mask: no block is ever cut
+        if CAUSAL:
+            # blocks up to the one holding the last key the tile's last row sees
+            seen = gl.maximum(m0 + BLOCK_M + DIAG, 0)
+            n_blocks = gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, n_blocks)
+            diag = DIAG
         ROWS: gl.constexpr = BLOCK_M // Q_TILES
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_TILES, ROWS, D], q_desc.layout)
@@ -303,7 +361,7 @@ if GLUON_AVAILABLE:
         mbarrier.init(turn.index(1), count=1)
 
         cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
-                 lse_ptr, q_row, n_blocks, qk_scale)
+                 lse_ptr, q_row, n_blocks, qk_scale, m0, diag)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                  k_empty, v_empty, q_row, kv_row, n_blocks)
         if Q_TILES == 2:
@@ -337,7 +395,8 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
     ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
     budget (``setmaxnreg``), leaving the rest of the register file to the consumers."""
-    # non-causal only, Nq and Nk multiples of 128, head dims 64 and 128, sm90: its record
+    # Nq and Nk multiples of 128, head dims 64 and 128, both causal alignments, sm90:
+    # its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)
@@ -370,8 +429,8 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
     grid = (sh.Nq // BLOCK_M, sh.B * sh.Hq)
     _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq, sh.Nk,
-                          sh.group, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
+                          sh.group, int(sh.offset) if sh.is_causal else 0, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
                           PIPELINE=pipeline, Q_TILES=2 if pingpong else 1,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
-                          num_warps=4 if pingpong else 8)
+                          CAUSAL=bool(sh.is_causal), num_warps=4 if pingpong else 8)
     return (o, lse) if return_lse else o

@@ -267,8 +267,7 @@ IMPLEMENTATIONS = {r.name: r for r in (
                    devices="triton", strides="contiguous",
                    interpreter_dtypes=(torch.float16,)),
     Implementation("gluon", "course_utils.hopper.gluon_fwd", "attention_gluon", dtypes=_HALF,
-                   head_dims=(64, 128), devices="hopper", strides="contiguous",
-                   multiple_of=128),
+                   head_dims=(64, 128), devices="hopper", strides="contiguous"),
     # an FP8 tl.dot needs K >= 32: Q K^T reduces over the head dim
     Implementation("fp8", "course_utils.hopper.fp8", "attention_fp8", dtypes=_HALF,
                    alignments=(CAUSAL_UPPER_LEFT,), head_dims=(32, 64, 128),

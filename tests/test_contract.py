@@ -298,8 +298,13 @@ def test_pairwise_cover_holds_every_pair_and_callers_narrow_axes():
     kept = cases("triton", [(1, 2, 2, 7, 7), (1, 2, 2, 9, 4)], cover="all",
                  keep=lambda c: not (c.alignment == "causal_lower_right" and c.Nq > c.Nk))
     assert not any(c.alignment == "causal_lower_right" and c.Nq > c.Nk for c in kept)
+    # a record that takes only lengths in multiples of 128, offered none
+    import dataclasses
+    blocky = dataclasses.replace(implementation("gluon"), multiple_of=128)
     with pytest.raises(ValueError, match="no size"):
-        cases("gluon", [(1, 2, 2, 100, 100)])
+        cases(blocky, [(1, 2, 2, 100, 100)])
+    assert {(c.Nq, c.Nk) for c in cases(blocky, [(1, 2, 2, 100, 100), (1, 2, 2, 128, 256)])} \
+        == {(128, 256)}
     with pytest.raises(ValueError, match="declares none"):
         cases("gluon", TINY, dtypes=[torch.float32])
     with pytest.raises(ValueError, match="cover"):

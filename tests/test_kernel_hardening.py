@@ -320,9 +320,12 @@ def test_gluon_any_number_of_stages_finishes(stages):
 @pytest.mark.parametrize("opts", [dict(pipeline=False), dict(pipeline=True, stages=1),
                                   dict(pipeline=True), dict(pingpong=True, stages=3)],
                          ids=["serial", "pipelined-1-stage", "pipelined", "pingpong"])
-def test_gluon_causal_rows_without_keys_and_both_alignments(opts):
+def test_gluon_masks_lengths_and_rows_without_keys(opts):
+    """Both alignments, Nq != Nk both ways (lower-right with Nq > Nk leaves whole tiles
+    that see no key), lengths off a multiple of the 128-row tile (masked key tail, query
+    rows of the next head not stored), and the same lengths without a mask."""
     from course_utils.hopper import gluon_fwd
-    for nq, nk in ((384, 128), (256, 640), (512, 512)):
+    for nq, nk in ((384, 128), (256, 640), (512, 512), (300, 129), (129, 300), (1, 77)):
         q = _rand(2, 4, nq, 128, seed=1).half().cuda()
         k, v = (_rand(2, 2, nk, 128, seed=s).half().cuda() for s in (2, 3))
         for alignment, diag in (("causal_upper_left", 0), ("causal_lower_right", nk - nq)):
@@ -337,3 +340,7 @@ def test_gluon_causal_rows_without_keys_and_both_alignments(opts):
             assert _rel(o[:, :, empty:], ref[:, :, empty:].to(o.dtype)) < 4e-3, where
             torch.testing.assert_close(lse[:, :, empty:].double(), ref_lse[:, :, empty:],
                                        atol=1e-2, rtol=0, msg=where)
+        o = gluon_fwd.attention_gluon(q, k, v, enable_gqa=True, **opts)
+        ref, _ = _masked_ref(q.double(), k.double().repeat_interleave(2, 1),
+                             v.double().repeat_interleave(2, 1), nk)
+        assert _rel(o, ref.to(o.dtype)) < 4e-3, f"{opts} no mask Nq={nq} Nk={nk}"

@@ -8,8 +8,7 @@ Shapes follow the FlashAttention-3 paper's forward benchmark: head dim 128, a fi
 16k tokens per batch (``B = tokens // N``), 16 heads, non-causal. Each of our providers
 runs one kernel of ``course_utils.hopper`` whose record in :mod:`course_utils.contract`
 decides the dtypes on offer and the points it is timed at (a point its record does not
-declare, e.g. the Gluon kernel at N not a multiple of 128, is listed with the record's
-reason). Every provider's output is compared with SDPA before it is timed; a provider
+declare is listed with the record's reason). Every provider's output is compared with SDPA before it is timed; a provider
 that fails to compile or to match is listed with its error instead of a speed. Results:
 ``benchmarks/<device>/hopper.json`` and ``hopper.png``.
 """

@@ -41,8 +41,13 @@ it (the diagonal blocks), and the grid starts with the longest tiles. A row that
 key (lower-right mask with ``Nq > Nk``: the first ``Nq - Nk`` rows) gives 0 and LSE
 ``-inf``; a tile of such rows loads nothing.
 
-Sizes: D in {64, 128}, ``Nq`` and ``Nk`` multiples of 128 (lesson 6's Triton kernel
-takes any). Runs only on an sm90 GPU; importing this module works anywhere.
+Any ``Nq`` and ``Nk``: the descriptors cover all heads' rows at once, so a tile past the
+end of a head loads the next head's rows (or zeros past the tensor's end). The last key
+block is masked where the keys end, and the last query tile stores only its rows below
+``Nq``. (Its probabilities there are exact zeros, so the neighbour's values add nothing,
+unless they hold inf or NaN.)
+
+Sizes: D in {64, 128}. Runs only on an sm90 GPU; importing this module works anywhere.
 """
 from __future__ import annotations
 
@@ -119,16 +124,19 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _softmax_masked(s, m_i, l_i, qk_scale, row0, col0, diag, s_layout: gl.constexpr):
-        # the same update on a block the causal mask cuts: key col0 + c is visible to
-        # query row0 + r when col0 + c <= row0 + r + diag. A row that has seen no
-        # visible key yet keeps m = -inf; subtracting 0 instead keeps -inf - -inf (NaN)
-        # out of p and alpha.
+    def _softmax_masked(s, m_i, l_i, qk_scale, row0, col0, diag, nk,
+                        s_layout: gl.constexpr):
+        # the same update on a block the causal mask or the end of the keys cuts: key
+        # col0 + c is visible to query row0 + r when col0 + c <= row0 + r + diag and
+        # col0 + c < nk (the rows past nk that TMA loaded belong to the next head, or
+        # are zeros past the tensor's end). A row that has seen no visible key yet keeps
+        # m = -inf; subtracting 0 instead keeps -inf - -inf (NaN) out of p and alpha.
         BLOCK_M: gl.constexpr = s.shape[0]
         BLOCK_N: gl.constexpr = s.shape[1]
         rows = row0 + diag + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)
+        visible = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) & \
+            (gl.expand_dims(cols, 0) < nk)
         s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -138,14 +146,15 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, s_layout: gl.constexpr):
+    def _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, nk, s_layout: gl.constexpr):
         # key block j: masked only where the causal mask cuts it (its last key is
-        # past what the consumer's first row sees); without a mask diag is so large
-        # that no block is cut
+        # past what the consumer's first row sees) or where the keys end; without a
+        # causal mask diag is so large that the mask never cuts
         BLOCK_N: gl.constexpr = s.shape[1]
-        if j * BLOCK_N + BLOCK_N - 1 > row0 + diag:
+        last = j * BLOCK_N + BLOCK_N - 1
+        if (last > row0 + diag) | (last >= nk):
             p, alpha, m_new, l_i = _softmax_masked(s, m_i, l_i, qk_scale, row0, j * BLOCK_N,
-                                                   diag, s_layout)
+                                                   diag, nk, s_layout)
         else:
             p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i, qk_scale)
         return p, alpha, m_new, l_i
@@ -174,7 +183,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, C: gl.constexpr,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, C: gl.constexpr,
                   PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
         128 rows) or, with ``PINGPONG``, two (4 warps, 64 rows each) that take turns on
@@ -215,7 +224,7 @@ if GLUON_AVAILABLE:
                 _turn_pass(turn, C)
             s = warpgroup_mma_wait(0, deps=(s,))
             _release(k_empty, 0)                 # K_0 is read: the producer may refill it
-            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, 0, diag, s_layout)
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, 0, diag, nk, s_layout)
             for j in range(n_blocks - 1):
                 st = j % STAGES
                 nst = (j + 1) % STAGES
@@ -242,7 +251,7 @@ if GLUON_AVAILABLE:
                 s = warpgroup_mma_wait(1, deps=(s_next,))
                 _release(k_empty, nst)           # K_{j+1} is read; V_j may still be in use
                 p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j + 1, diag,
-                                                     s_layout)
+                                                     nk, s_layout)
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
                 _release(v_empty, st)
             last = n_blocks - 1
@@ -267,7 +276,7 @@ if GLUON_AVAILABLE:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s,))
                 _release(k_empty, st)
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, s_layout)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, nk, s_layout)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -282,35 +291,39 @@ if GLUON_AVAILABLE:
         base = o_row + C * BLOCK_M
         rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        # the last tile's rows past nq were the next head's queries: not stored
+        in_o = gl.expand_dims(row0 + gl.arange(0, BLOCK_M, layout=row_o) < nq, 1) & \
+            gl.expand_dims(cols < D, 0)
         gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
-                 out.to(o_ptr.dtype.element_ty))
+                 out.to(o_ptr.dtype.element_ty), mask=in_o)
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
-                 gl.where(empty, float("-inf"), (m_i + gl.log2(l_i)) * _LN2))
+                 gl.where(empty, float("-inf"), (m_i + gl.log2(l_i)) * _LN2),
+                 mask=row0 + gl.arange(0, BLOCK_M, layout=row_s) < nq)
 
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
     def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
+                         turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 0, False, False)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0, False, False)
 
     @gluon.jit
     def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                            turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
+                            turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 0, True, False)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0, True, False)
 
     @gluon.jit
     def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 0, True, True)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0, True, True)
 
     @gluon.jit
     def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag):
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, 1, True, True)
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 1, True, True)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
@@ -333,7 +346,7 @@ if GLUON_AVAILABLE:
         q_row = bh * Nq + start_m * BLOCK_M
         kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
         m0 = start_m * BLOCK_M
-        n_blocks = Nk // BLOCK_N
+        n_blocks = (Nk + BLOCK_N - 1) // BLOCK_N    # the last one masked where the keys end
         diag = Nk + BLOCK_N                      # no mask: no block is ever cut
         if CAUSAL:
             # blocks up to the one holding the last key the tile's last row sees
@@ -361,7 +374,7 @@ if GLUON_AVAILABLE:
         mbarrier.init(turn.index(1), count=1)
 
         cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
-                 lse_ptr, q_row, n_blocks, qk_scale, m0, diag)
+                 lse_ptr, q_row, n_blocks, qk_scale, m0, diag, Nq, Nk)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                  k_empty, v_empty, q_row, kv_row, n_blocks)
         if Q_TILES == 2:
@@ -395,8 +408,7 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
     ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
     budget (``setmaxnreg``), leaving the rest of the register file to the consumers."""
-    # Nq and Nk multiples of 128, head dims 64 and 128, both causal alignments, sm90:
-    # its record
+    # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)
@@ -427,7 +439,7 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     v_desc = GluonDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, sh.D], kv_layout)
     o = torch.empty((sh.B, sh.Hq, sh.Nq, sh.D), device=q.device, dtype=q.dtype)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
-    grid = (sh.Nq // BLOCK_M, sh.B * sh.Hq)
+    grid = (-(-sh.Nq // BLOCK_M), sh.B * sh.Hq)
     _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq, sh.Nk,
                           sh.group, int(sh.offset) if sh.is_causal else 0, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
                           PIPELINE=pipeline, Q_TILES=2 if pingpong else 1,

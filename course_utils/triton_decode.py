@@ -34,6 +34,8 @@ import triton.language as tl  # noqa: E402
 from course_utils.attention import AttentionState  # noqa: E402
 from course_utils.constants import LN2, LOG2E  # noqa: E402
 from course_utils.decoding import validate_decode_inputs, validate_paged_cache  # noqa: E402
+# lesson 6's tl.dot, which takes bfloat16 through float32 in the CPU interpreter
+from course_utils.triton_attention import _mm, _upcast  # noqa: E402
 
 __all__ = ["decode_attention", "choose_num_splits", "default_num_sms", "CHUNK_ALIGN"]
 
@@ -86,7 +88,7 @@ def _split_kv_kernel(
     ssl, sbt, sbt1, PAGE_SIZE, HKV, NQ, LMAX, CHUNK, NUM_SPLITS, qk_scale, CHUNK_KEY,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)
@@ -131,7 +133,7 @@ def _split_kv_kernel(
         else:
             kt = tl.load(k_base + tl.cast(start, tl.int64) * skn + kt_off,
                          mask=col_ok[None, :], other=0.0)                  # (D, BLOCK_N)
-        s = tl.dot(q, kt) * qk_scale                                       # log2 units
+        s = _mm(q, kt, UPCAST) * qk_scale                                  # log2 units
         visible = col_ok[None, :]
         if CAUSAL:
             visible = visible & (cols[None, :] <= last[:, None])
@@ -147,7 +149,7 @@ def _split_kv_kernel(
         else:
             v = tl.load(v_base + tl.cast(start, tl.int64) * svn + v_off,
                         mask=col_ok[:, None], other=0.0)                   # (BLOCK_N, D)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, UPCAST)
         m_i = m_new
 
     # partial state in natural-log units, as lesson 3 writes it
@@ -265,7 +267,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
             seqlens.stride(0), table.stride(0), table.stride(-1), page_size, hkv, nq, lmax, chunk,
             num_splits, scale * LOG2E, triton.next_power_of_2(chunk))
     meta = dict(GROUP=group, HEAD_DIM=d, BLOCK_M=block_m,
-                HAS_SEQLENS=cache_seqlens is not None, CAUSAL=bool(causal), PAGED=paged)
+                HAS_SEQLENS=cache_seqlens is not None, CAUSAL=bool(causal), PAGED=paged,
+                UPCAST=_upcast(q))
     grid = (num_splits, b * hkv)
     if device.HAS_GPU:
         _split_kv[grid](*args, **meta)

@@ -123,11 +123,17 @@ def bwd_configs(kernel: str):
                   "atomic_dq": {"BLOCK_M1": 16, "BLOCK_N1": 32},
                   "dq": {"BLOCK_M2": 32, "BLOCK_N2": 16}}[kernel]
         return [triton.Config(blocks, num_warps=4, num_stages=1, pre_hook=hook)]
+    # measured on an H100 (benchmarks/<device>/bwd_config_probe.json): with deeper
+    # pipelines (3 stages for the 8-warp shapes, 5 for 32 x 128) and 64 x 64 dQ tiles
+    # on offer the autotuner took one of them at 13 of 16 kernel-points, and the whole
+    # backward ran 2 % slower to 14 % faster (+5 % median)
     if kernel in ("dkdv", "atomic_dq"):           # the fused kernel is the dK/dV kernel
-        shapes = [(32, 128, 4, 3), (64, 128, 8, 2), (32, 64, 4, 2)]
+        shapes = [(32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 2), (64, 128, 8, 3),
+                  (32, 64, 4, 3), (32, 64, 4, 2)]
         names = ("BLOCK_M1", "BLOCK_N1")
     else:
-        shapes = [(128, 32, 4, 3), (128, 64, 8, 2), (64, 32, 4, 2)]
+        shapes = [(128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3),
+                  (64, 32, 4, 2)]
         names = ("BLOCK_M2", "BLOCK_N2")
     if not _AUTOTUNE:
         shapes = shapes[-1:]

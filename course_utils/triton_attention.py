@@ -150,7 +150,8 @@ def _fits(configs, named_args, **kwargs):
     """The tile shapes that hold the head dim's rows in shared memory: rows of 1 KiB
     or more (float32 at head dim 256) get only the small single-stage shape; rows of
     512 bytes (head dim 256 in 16 bits, 128 in float32) drop the shapes larger than
-    64 x 64 x 2; without autotuning (two shapes listed), the first that fits."""
+    64 x 64 x 2 and those with more than three stages; without autotuning (two shapes
+    listed), the first that fits."""
     d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
     q = named_args.get("Q")
     row = (d or 0) * (q.element_size() if hasattr(q, "element_size") else 2)
@@ -159,8 +160,8 @@ def _fits(configs, named_args, **kwargs):
     if row >= 1024 or not rest:
         return small[:1] or configs[-1:]
     if row >= 512:
-        rest = [c for c in rest if math.prod(v for v in c.kwargs.values()) <= 64 * 64 * 2] \
-            or rest[-1:]
+        rest = [c for c in rest if math.prod(v for v in c.kwargs.values()) <= 64 * 64 * 2
+                and c.num_stages <= 3] or rest[-1:]
     return rest if _AUTOTUNE else rest[:1]
 
 

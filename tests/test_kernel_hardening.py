@@ -151,7 +151,8 @@ def test_tile_shapes_fit_shared_memory_for_every_dtype_and_head_dim(kind, autotu
     monkeypatch.setattr(ta, "_AUTOTUNE", autotune)
     names = {"fwd": ("BLOCK_M", "BLOCK_N"), "dkdv": ("BLOCK_M1", "BLOCK_N1"),
              "dq": ("BLOCK_M2", "BLOCK_N2")}[kind]
-    big = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2)] if autotune else [(64, 64, 4, 2)]
+    big = [(128, 128, 8, 3), (128, 64, 8, 3), (32, 128, 4, 5), (64, 64, 4, 2)] if autotune \
+        else [(64, 64, 4, 2)]
     configs = [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=st)
                for m, n, w, st in big + [ta._SMALL[kind]]]
 
@@ -164,7 +165,7 @@ def test_tile_shapes_fit_shared_memory_for_every_dtype_and_head_dim(kind, autotu
     for d, dtype in ((256, torch.float16), (128, torch.float32)):
         got = chosen(d, dtype)
         assert got and ta._SMALL[kind] not in got
-        assert all(m * n <= 64 * 64 * 2 for m, n, _, _ in got)
+        assert all(m * n <= 64 * 64 * 2 and st <= 3 for m, n, _, st in got)
     for d, dtype in ((64, torch.float16), (128, torch.bfloat16), (64, torch.float32)):
         got = chosen(d, dtype)
         assert got == ([b for b in big] if autotune else big[:1])

@@ -14,7 +14,7 @@ from course_utils.checks import CheckFailed, check_close
 from course_utils.contract import FLOAT_DTYPES, cases, implementation, implementations
 from course_utils.decoding import (causal_mask, check_decode_output, chunk_bounds,
                                    decode_attention_reference, decode_flops_per_step,
-                                   gather_paged_cache, kv_bytes_per_step, split_kv_attention,
+                                   gather_paged_cache, kv_bytes_per_step,
                                    split_kv_states)
 from course_utils.triton_decode import choose_num_splits, decode_attention
 

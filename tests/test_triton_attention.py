@@ -259,7 +259,8 @@ def test_both_causal_alignments_match_an_explicit_mask(case):
 
 
 def test_lower_right_is_the_last_rows_of_the_square_mask():
-    """Lower-right alignment with Nq < Nk: the new queries are the last Nq positions."""
+    """Lower-right alignment with Nq < Nk: the new queries are the last Nq positions.
+    (What the alignment means, checked once; its cases are in the declared ones.)"""
     q, k, v = _inputs(1, 2, 2, 40, 40, 16, torch.float16, seed=9)
     full = triton_attention(q, k, v, is_causal=True)
     tail = triton_attention(q[:, :, -7:], k, v, is_causal=True, alignment="causal_lower_right")

@@ -15,6 +15,10 @@ from course_utils.attention import (
     state_from_scores, tile_schedule, tolerance_for, traffic_formula,
     validate_attention_inputs,
 )
+from course_utils.checks import check_close
+from course_utils.contract import (CAUSAL_UPPER_LEFT, cases, causal_mask, implementation,
+                                   implementations)
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -25,9 +29,21 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+# The PyTorch entry points of lessons 3-5, by their records in course_utils.contract:
+# what a record declares (dtypes, head dims, causal settings, GQA, layouts, LSE,
+# gradients) is what the tests below try, and nothing else.
+RECORDS = implementations(devices="any", kind="sdpa")   # naive, fa1, fa2, tiled_backward
+TILED_RECORDS = [implementation("fa1"), implementation("fa2")]
+TILED = [r.load() for r in TILED_RECORDS]
 LENGTHS = [1, 2, 7, 64, 129, 300]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TILED = [flash_attention_fa1, flash_attention_fa2]
+# (B, Hq, Hkv, Nq, Nk): the sizes are this file's choice, small for a CPU and odd on
+# purpose: one query, one key, ragged lengths past a tile, Nq > Nk and Nq < Nk, and GQA
+# ratios 1, 2, 4 and 8 (MQA)
+SIZES = [(1, 8, 8, 1, 7), (1, 8, 4, 7, 1), (1, 8, 2, 64, 129), (1, 8, 1, 129, 2),
+         (1, 4, 4, 129, 64), (2, 2, 1, 2, 129), (1, 8, 1, 7, 7)]
+# tile shapes (Br, Bc) the tiled forwards take in turn: one row or key per tile, tiles
+# that do not divide the lengths, and tiles larger than the whole block
+BLOCKS = [(1, 5), (3, 32), (16, 1), (64, 64), (16, 5)]
 
 
 def _qkv(b, hq, hkv, nq, nk, d, dtype=torch.float32, seed=0):
@@ -38,75 +54,133 @@ def _qkv(b, hq, hkv, nq, nk, d, dtype=torch.float32, seed=0):
     return q, k, v
 
 
-def _sdpa(q, k, v, is_causal, scale=None):
-    # SDPA in float32 on the same (rounded) inputs: the reference for every dtype
-    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal,
-                                          scale=scale, enable_gqa=True)
+def _masked_scores(q, k, alignment):
+    """float64 scores ``Q K^T / sqrt(D)`` (K expanded to the query heads), ``-inf``
+    where the causal mask of ``alignment`` hides a key (``None``: no mask)."""
+    g = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if alignment is not None:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], alignment), float("-inf"))
+    return s
 
 
-# ------------------------------------------------------------------ property tests
-@settings(max_examples=30, deadline=None, derandomize=True)
-@given(nq=st.sampled_from(LENGTHS), nk=st.sampled_from(LENGTHS), causal=st.booleans(),
-       ratio=st.sampled_from([1, 2, 4, 8]), dtype=st.sampled_from(DTYPES),
-       br=st.sampled_from([1, 3, 16, 64]), bc=st.sampled_from([1, 5, 32, 64]),
-       fa=st.sampled_from(TILED))
-def test_tiled_matches_sdpa(nq, nk, causal, ratio, dtype, br, bc, fa):
-    if nq * nk > 64 * 300 and (br < 8 or bc < 8):
+# ------------------------------------------------------------------ declared cases
+def _tiles(i, nq, nk):
+    br, bc = BLOCKS[i % len(BLOCKS)]
+    if math.ceil(nq / br) * math.ceil(nk / bc) > 100:
         br, bc = 32, 32   # keep the Python loop over tiles short
-    hkv = 8 // ratio if ratio < 8 else 1
-    q, k, v = _qkv(1, hkv * ratio, hkv, nq, nk, 16, dtype)
-    o, lse = fa(q, k, v, enable_gqa=True, is_causal=causal, Br=br, Bc=bc, return_lse=True)
-    assert o.dtype == dtype and o.shape == q.shape
-    assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    assert lse.shape == q.shape[:3]
-    atol, rtol = tolerance_for(dtype)
-    torch.testing.assert_close(o.float(), _sdpa(q, k, v, causal), atol=atol, rtol=rtol)
-    _, lse_ref = naive_attention(q.float(), k.float(), v.float(), enable_gqa=True, is_causal=causal,
-                                 return_lse=True)
-    torch.testing.assert_close(lse, lse_ref, atol=1e-4, rtol=1e-5)
+    return br, bc
 
 
-@pytest.mark.parametrize("n", LENGTHS)
-@pytest.mark.parametrize("causal", [False, True])
-def test_every_length_fp32_error_is_round_off(n, causal):
-    q, k, v = _qkv(2, 4, 2, n, n, 32)
-    ref = _sdpa(q, k, v, causal)
-    for fa in TILED:
-        o = fa(q, k, v, enable_gqa=True, is_causal=causal, Br=16, Bc=32)
-        assert (o - ref).abs().max().item() < 5e-6
+@pytest.mark.parametrize("rec", RECORDS, ids=[r.name for r in RECORDS])
+def test_declared_cases_match_sdpa(rec):
+    """Each record's declared cases (every pair of declared values: dtype with head dim,
+    head dim with causal setting, setting with layout, ... at least once, at the sizes
+    above) against SDPA (float32 on the same rounded inputs, float64 for float64), the
+    log-sum-exp against the float64 scores where the record returns it, and the
+    gradients against autograd in float64 where it has a backward. Rows that see no key
+    (lower-right with Nq > Nk) are 0 with lse -inf. One test per record: the cases are
+    cheap, and every failure names its case."""
+    for i, case in enumerate(cases(rec, SIZES)):
+        _check_declared_case(rec, case, i)
+
+
+def _check_declared_case(rec, case, i):
+    fn = rec.load()
+    opts = case.options()
+    if rec.name != "naive":                    # the tiled ones take a tile shape
+        opts["Br"], opts["Bc"] = _tiles(i, case.Nq, case.Nk)
+    q, k, v = case.inputs(seed=i, requires_grad=rec.backward)
+    if rec.returns_lse:
+        o, lse = fn(q, k, v, return_lse=True, **opts)
+    else:
+        o = fn(q, k, v, **opts)
+    assert o.dtype == case.dtype and o.shape == q.shape, case.id
+    work = torch.float64 if case.dtype == torch.float64 else torch.float32
+    s = _masked_scores(q.detach(), k.detach(), case.alignment)
+    seen = torch.isfinite(s[0, 0]).any(-1)    # rows with at least one visible key
+    mask = None if case.alignment is None else causal_mask(case.Nq, case.Nk, case.alignment)
+    ref = F.scaled_dot_product_attention(*(t.detach().to(work) for t in (q, k, v)),
+                                         attn_mask=mask, enable_gqa=True)
+    atol, rtol = tolerance_for(case.dtype)
+    torch.testing.assert_close(o.detach().to(work)[:, :, seen], ref[:, :, seen],
+                               atol=atol, rtol=rtol, msg=lambda m: f"{case.id}: {m}")
+    assert bool((o[:, :, ~seen] == 0).all()), f"{case.id}: a row that sees no key must be 0"
+    if rec.returns_lse:
+        assert lse.dtype == work and lse.shape == q.shape[:3], case.id
+        torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-4, rtol=1e-5,
+                                   msg=lambda m: f"lse of {case.id}: {m}")
+    if rec.backward:
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(i)).to(case.dtype)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        s64 = _masked_scores(leaves[0], leaves[1], case.alignment)
+        g = case.Hq // case.Hkv
+        o64 = torch.softmax(s64, -1).nan_to_num(0.0) @ leaves[2].repeat_interleave(g, 1)
+        refs = torch.autograd.grad(o64, leaves, do.double())
+        for name, x, r in zip(("dq", "dk", "dv"), grads, refs):
+            assert x.dtype == case.dtype, f"{name} of {case.id}"
+            check_close(x, r, dtype=case.dtype, op="backward", name=f"{name} of {case.id}",
+                        quiet=True)
+
+
+@pytest.mark.parametrize("rec", TILED_RECORDS, ids=[r.name for r in TILED_RECORDS])
+def test_every_length_fp32_error_is_round_off(rec):
+    """float32 at every length, with no mask and with SDPA's: at Nq == Nk the two
+    alignments are one mask, so the record's settings are narrowed to distinct masks
+    (the declared cases above try lower-right where it differs)."""
+    for case in cases(rec, [(2, 4, 2, n, n) for n in LENGTHS], dtypes=[torch.float32],
+                      head_dims=[32], settings=[None, CAUSAL_UPPER_LEFT], layouts=["bhnd"],
+                      cover="all"):
+        q, k, v = case.inputs()
+        mask = None if case.alignment is None else causal_mask(case.Nq, case.Nk, case.alignment)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        o = rec.load()(q, k, v, **case.options(), Br=16, Bc=32)
+        assert (o - ref).abs().max().item() < 5e-6, case.id
 
 
 def test_naive_matches_sdpa_and_logsumexp():
-    for causal in (False, True):
+    for alignment in implementation("naive").settings():
         q, k, v = _qkv(2, 8, 2, 33, 47, 8)
-        o, lse = naive_attention(q, k, v, enable_gqa=True, is_causal=causal, return_lse=True)
-        torch.testing.assert_close(o, _sdpa(q, k, v, causal), atol=2e-6, rtol=2e-6)
+        o, lse = naive_attention(q, k, v, enable_gqa=True, is_causal=alignment is not None,
+                                 alignment=alignment, return_lse=True)
+        mask = None if alignment is None else causal_mask(33, 47, alignment)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(o, ref, atol=2e-6, rtol=2e-6)
         s = torch.einsum("bhqd,bhkd->bhqk", q, k.repeat_interleave(4, dim=1)) / math.sqrt(8)
-        if causal:
-            s = s.masked_fill(torch.ones(33, 47, dtype=torch.bool).triu(1), float("-inf"))
+        if alignment is not None:
+            s = s.masked_fill(~mask, float("-inf"))
         torch.testing.assert_close(lse, torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
 
 
 def test_scale_argument_and_float64():
     q, k, v = _qkv(1, 2, 1, 9, 13, 4, torch.float64)
-    for fa in (naive_attention, *TILED):
-        o = fa(q, k, v, enable_gqa=True, scale=0.3)
+    takes = [r for r in RECORDS if torch.float64 in r.dtypes]
+    assert {"naive", "fa1", "fa2"} <= {r.name for r in takes}
+    for rec in takes:
+        o = rec.load()(q, k, v, enable_gqa=True, scale=0.3)
         assert o.dtype == torch.float64
         ref = F.scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True)
         torch.testing.assert_close(o, ref, atol=1e-12, rtol=1e-12)
 
 
-def test_gqa_uses_kv_head_q_head_floordiv_group():
+@pytest.mark.parametrize("rec", [r for r in RECORDS if r.gqa],
+                         ids=[r.name for r in RECORDS if r.gqa])
+def test_gqa_uses_kv_head_q_head_floordiv_group(rec):
     q, k, v = _qkv(1, 8, 2, 5, 6, 4)
-    o = flash_attention_fa2(q, k, v, enable_gqa=True, Br=2, Bc=4)
+    tiles = {} if rec.name == "naive" else dict(Br=2, Bc=4)
+    o = rec.load()(q, k, v, enable_gqa=True, **tiles)
     for h in range(8):
         kv = h // 4
         ref = naive_attention(q[:, h:h + 1], k[:, kv:kv + 1], v[:, kv:kv + 1])
         torch.testing.assert_close(o[:, h:h + 1], ref, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("fa", TILED)
-def test_block_size_invariance(fa):
+@pytest.mark.parametrize("rec", TILED_RECORDS, ids=[r.name for r in TILED_RECORDS])
+def test_block_size_invariance(rec):
+    # about the tile shape: SDPA's causal mask makes whole tiles skip. The declared cases
+    # above run every declared alignment with the tile shapes of BLOCKS in turn.
+    fa = rec.load()
     q, k, v = _qkv(1, 2, 2, 50, 70, 8)
     ref = naive_attention(q, k, v, enable_gqa=True, is_causal=True)
     for br, bc in [(1, 1), (7, 3), (50, 70), (64, 128), (16, 9)]:
@@ -115,6 +189,8 @@ def test_block_size_invariance(fa):
 
 
 def test_decoding_step_one_query_matches_last_row():
+    # an odd shape on purpose (Nq = 1 against a cache), not a declaration: the declared
+    # lower-right alignment with Nq = 1 is in the declared cases above
     # one new token attends to the whole cache: the last row of the full causal result
     q, k, v = _qkv(1, 4, 1, 40, 40, 8)
     full = naive_attention(q, k, v, enable_gqa=True, is_causal=True)
@@ -124,17 +200,18 @@ def test_decoding_step_one_query_matches_last_row():
 
 
 # ------------------------------------------------------------------ never Nq x Nk
-@pytest.mark.parametrize("fa", TILED)
-@pytest.mark.parametrize("causal", [False, True])
-def test_tiled_never_allocates_score_matrix(fa, causal):
+@pytest.mark.parametrize("rec", TILED_RECORDS, ids=[r.name for r in TILED_RECORDS])
+def test_tiled_never_allocates_score_matrix(rec):
     nq, nk = 96, 80
     q, k, v = _qkv(1, 4, 2, nq, nk, 8)
-    with AllocationTracker() as t:
-        fa(q, k, v, enable_gqa=True, is_causal=causal, Br=16, Bc=16, return_lse=True)
-    assert t.shapes, "the tracker saw no operation"
-    assert not any(len(s) >= 2 and s[-2:] in ((nq, nk), (nk, nq)) for s in t.shapes)
-    # nothing as large as one head's score matrix, let alone all of them
-    assert max(math.prod(s) for s in t.shapes) < nq * nk
+    for alignment in rec.settings():            # no mask and each declared alignment
+        with AllocationTracker() as t:
+            rec.load()(q, k, v, enable_gqa=True, is_causal=alignment is not None,
+                       alignment=alignment, Br=16, Bc=16, return_lse=True)
+        assert t.shapes, "the tracker saw no operation"
+        assert not any(len(s) >= 2 and s[-2:] in ((nq, nk), (nk, nq)) for s in t.shapes)
+        # nothing as large as one head's score matrix, let alone all of them
+        assert max(math.prod(s) for s in t.shapes) < nq * nk
 
 
 def test_tracker_catches_naive_score_matrix_and_peak_grows_quadratically():
@@ -231,6 +308,8 @@ def test_block_sizes_paper_example():
 @pytest.mark.parametrize("fa,order", [(flash_attention_fa1, "fa1"), (flash_attention_fa2, "fa2")])
 @pytest.mark.parametrize("nq,nk,br,bc", [(64, 64, 16, 16), (37, 23, 5, 4), (5, 5, 3, 4),
                                          (1, 300, 64, 64), (129, 7, 16, 2)])
+# the traffic formula of lesson 4 counts no mask and SDPA's upper-left mask (is_causal):
+# ``causal`` here is that formula's argument, not a declared setting
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lse", [False, True])
 def test_counted_traffic_equals_formula(fa, order, nq, nk, br, bc, causal, lse):
@@ -288,15 +367,15 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("fn", [naive_attention, *TILED])
+@pytest.mark.parametrize("rec", RECORDS, ids=[r.name for r in RECORDS])
 @pytest.mark.parametrize("bad,exc,match", BAD)
-def test_bad_input_names_argument(fn, bad, exc, match):
+def test_bad_input_names_argument(rec, bad, exc, match):
     q, k, v = _qkv(1, 4, 2, 6, 5, 4)
     with pytest.raises(exc, match=match):
-        fn(*bad(q, k, v), enable_gqa=True)
+        rec.load()(*bad(q, k, v), enable_gqa=True)
 
 
-@pytest.mark.parametrize("fn", TILED)
+@pytest.mark.parametrize("fn", TILED, ids=[r.name for r in TILED_RECORDS])
 def test_bad_blocks_scale_counter(fn):
     q, k, v = _qkv(1, 2, 2, 6, 5, 4)
     with pytest.raises(ValueError, match="Br must be a positive int"):

@@ -9,15 +9,49 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from course_utils import device
-from course_utils.attention import AttentionState, merge_states, naive_attention
-from course_utils.checks import CheckFailed
+from course_utils.attention import AttentionState, merge_states, naive_attention, tolerance_for
+from course_utils.checks import CheckFailed, check_close
+from course_utils.contract import (CAUSAL_LOWER_RIGHT, FLOAT_DTYPES, cases, implementation,
+                                   implementations)
 from course_utils.decoding import (causal_mask, check_decode_output, chunk_bounds,
                                    decode_attention_reference, decode_flops_per_step,
-                                   gather_paged_cache, kv_bytes_per_step, split_kv_attention,
+                                   gather_paged_cache, kv_bytes_per_step,
                                    split_kv_states)
 from course_utils.triton_decode import choose_num_splits, decode_attention
 
 DEV = device.DEVICE
+# The decode entry points by their records in course_utils.contract: what a record
+# declares (dtypes, head dims, causal settings, GQA, cache layouts) is what the tests
+# below try. Sizes (B, Hq, Hkv, Nq new tokens, cache length L) are this file's choice:
+# one key, caches past one chunk, ragged lengths (two sequences), GQA ratios 1, 2, 4 and
+# MQA.
+RECORDS = [r for r in implementations(kind="decode") if r.runs_here()]
+MODELS = [implementation("decode_reference"), implementation("split_kv")]
+KERNEL = implementation("decode")
+SIZES = [(1, 2, 2, 1, 1), (2, 4, 2, 4, 161), (1, 8, 2, 3, 129), (2, 2, 1, 2, 7),
+         (1, 4, 4, 4, 4), (2, 8, 1, 1, 64), (2, 4, 1, 3, 17)]
+# the sizes whose sequences get their own lengths <= L (cache_seqlens)
+RAGGED = {(2, 4, 2, 4, 161), (2, 2, 1, 2, 7), (2, 8, 1, 1, 64), (2, 4, 1, 3, 17)}
+SPLITS = [1, 2, 3, 5, 9]
+
+
+def _call(rec, q, k, v, seqlens=None, num_splits=3, **opts):
+    """One decode call through ``rec``'s entry point (the split-KV model takes the
+    number of chunks as an argument, the kernel as an option)."""
+    fn = rec.load()
+    if rec.name == "split_kv":
+        return fn(q, k, v, num_splits, seqlens, **opts)
+    if rec.name == "decode":
+        return fn(q, k, v, seqlens, num_splits=num_splits, **opts)
+    return fn(q, k, v, seqlens, **opts)
+
+
+def _seqlens(case, seed):
+    """Per-sequence cache lengths in [Nq, L] for a ragged size, else ``None``."""
+    if case.size not in RAGGED:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(case.Nq, case.Nk + 1, (case.B,), generator=g).to(DEV)
 
 
 def make(b, hq, hkv, nq, lmax, d, dtype=torch.float32, ragged=False, seed=0):
@@ -53,6 +87,14 @@ def test_masks_bottom_right_vs_top_left():
 
 def test_reference_matches_naive_when_no_cache_is_hidden():
     q, k, v, _ = make(2, 4, 2, 6, 6, 16)
+    # with Nq < L the reference computes what lesson 3's naive attention does with the
+    # same alignment, for each alignment the reference declares
+    q3 = q[:, :, :3]
+    for alignment in implementation("decode_reference").alignments:
+        torch.testing.assert_close(
+            decode_attention_reference(q3, k, v, alignment=alignment),
+            naive_attention(q3, k, v, is_causal=True, alignment=alignment, enable_gqa=True),
+            atol=1e-5, rtol=1e-5)
     # Nq == L: bottom-right and top-left coincide, so lesson 3's naive attention agrees
     o, lse = decode_attention_reference(q, k, v, return_lse=True)
     ref, ref_lse = naive_attention(q, k, v, is_causal=True, return_lse=True, enable_gqa=True)
@@ -72,27 +114,48 @@ def test_sdpa_is_causal_is_the_wrong_alignment_for_decoding():
     assert (ours - top_left).abs().max() > 1e-2
 
 
-@given(lmax=st.integers(1, 300), nq=st.integers(1, 4), ratio=st.sampled_from([1, 2, 4]),
-       hkv=st.sampled_from([1, 2]), ragged=st.booleans(), causal=st.booleans(),
-       splits=st.integers(1, 9), seed=st.integers(0, 10 ** 6))
-@settings(max_examples=20)
-def test_reference_and_split_kv_model_match_sdpa(lmax, nq, ratio, hkv, ragged, causal, splits,
-                                                  seed):
-    nq = min(nq, lmax)
-    q, k, v, sl = make(2, hkv * ratio, hkv, nq, lmax, 16, ragged=ragged, seed=seed)
-    o, lse = decode_attention_reference(q, k, v, sl, is_causal=causal, return_lse=True)
-    lengths = [lmax] * 2 if sl is None else sl.tolist()
-    for i, n in enumerate(lengths):
-        if causal:
-            want = sdpa_bottom_right(q[i:i + 1], k[i:i + 1], v[i:i + 1], n)
-        else:
-            g = ratio
-            want = F.scaled_dot_product_attention(q[i:i + 1], k[i:i + 1, :, :n].repeat_interleave(g, 1),
-                                                  v[i:i + 1, :, :n].repeat_interleave(g, 1))
-        torch.testing.assert_close(o[i:i + 1], want, atol=1e-5, rtol=1e-5)
-    o2, lse2 = split_kv_attention(q, k, v, splits, sl, is_causal=causal, return_lse=True)
-    torch.testing.assert_close(o2, o, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse2, lse, atol=1e-5, rtol=1e-5)
+# every pair of declared values (dtype with head dim, head dim with causal setting,
+# setting with layout, ...) at least once, for the reference and the split-KV model
+MODEL_CASES = [c for rec in MODELS for c in cases(rec, SIZES)]
+
+
+@pytest.mark.parametrize("i", range(len(MODEL_CASES)), ids=[c.id for c in MODEL_CASES])
+def test_reference_and_split_kv_model_match_sdpa(i):
+    """Each sequence against SDPA with an explicit mask of the case's alignment over its
+    own cache length (float32 on the same rounded inputs, float64 for float64), the
+    log-sum-exp against the float64 scores, and the split-KV model against the
+    reference with a number of chunks that changes from case to case."""
+    case = MODEL_CASES[i]
+    rec = implementation(case.impl)
+    q, k, v = (t.to(DEV) for t in case.inputs(seed=i))
+    sl = _seqlens(case, seed=i)
+    opts = case.options()
+    o, lse = _call(rec, q, k, v, sl, num_splits=SPLITS[i % len(SPLITS)], return_lse=True,
+                   **opts)
+    assert o.dtype == case.dtype and o.shape == q.shape
+    work = torch.float64 if case.dtype == torch.float64 else torch.float32
+    assert lse.dtype == work and lse.shape == q.shape[:3]
+    # float32 runs in the reference's own arithmetic: round-off only
+    atol, rtol = (1e-5, 1e-5) if case.dtype == torch.float32 else tolerance_for(case.dtype)
+    g = case.Hq // case.Hkv
+    lengths = [case.Nk] * case.B if sl is None else sl.tolist()
+    for b, n in enumerate(lengths):
+        qb, kb, vb = (t[b:b + 1].to(work) for t in (q, k, v))
+        kb, vb = (t[:, :, :n].repeat_interleave(g, 1) for t in (kb, vb))
+        mask = None if case.alignment is None else causal_mask(case.Nq, n, case.alignment,
+                                                              device=q.device)
+        want = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+        torch.testing.assert_close(o[b:b + 1].to(work), want, atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{case.id} sequence {b}: {m}")
+        s = qb.double() @ kb.double().transpose(-1, -2) / math.sqrt(case.D)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        torch.testing.assert_close(lse[b:b + 1].double(), torch.logsumexp(s, -1),
+                                   atol=1e-5, rtol=1e-5)
+    if rec.name != "decode_reference":
+        ref, ref_lse = decode_attention_reference(q, k, v, sl, return_lse=True, **opts)
+        torch.testing.assert_close(o, ref, atol=atol, rtol=rtol)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
 
 
 def test_split_states_merge_in_any_order():
@@ -139,15 +202,14 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("fn", [decode_attention_reference, decode_attention],
-                         ids=["reference", "triton"])
+@pytest.mark.parametrize("rec", RECORDS, ids=[r.name for r in RECORDS])
 @pytest.mark.parametrize("bad,exc,msg", BAD_INPUTS, ids=[m for _, _, m in BAD_INPUTS])
-def test_bad_inputs_are_named(fn, bad, exc, msg):
+def test_bad_inputs_are_named(rec, bad, exc, msg):
     q, k, v, s = make(2, 4, 2, 2, 20, 16, ragged=True)
     args = bad(q, k, v, s)
     with pytest.raises(exc, match=msg.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
-        fn(*args)
+        _call(rec, *args)
 
 
 def test_scale_must_be_positive():
@@ -158,29 +220,41 @@ def test_scale_must_be_positive():
 
 # ---------------------------------------------------------------- the Triton kernel
 
-@given(lmax=st.integers(1, 300), nq=st.integers(1, 4), ratio=st.sampled_from([1, 2, 4]),
-       hkv=st.sampled_from([1, 2]), ragged=st.booleans(), d=st.sampled_from([16, 32]),
-       splits=st.one_of(st.none(), st.integers(1, 6)), seed=st.integers(0, 10 ** 6))
-@settings(max_examples=15)
-def test_triton_matches_reference(lmax, nq, ratio, hkv, ragged, d, splits, seed):
-    nq = min(nq, lmax)
-    b = 1 if ratio * hkv > 4 else 2          # keep the interpreter's grid small
-    q, k, v, sl = make(b, hkv * ratio, hkv, nq, lmax, d, ragged=ragged, seed=seed)
+# the kernel's declared cases (on this machine: the interpreter's dtypes on a CPU),
+# every pair of declared values at least once, with split counts up to 4 in turn (None:
+# the kernel chooses)
+KERNEL_CASES = cases(KERNEL, SIZES)
+KERNEL_SPLITS = [None, 2, 1, 3, 4]
+
+
+@pytest.mark.parametrize("i", range(len(KERNEL_CASES)), ids=[c.id for c in KERNEL_CASES])
+def test_triton_matches_reference(i):
+    case = KERNEL_CASES[i]
+    q, k, v = case.inputs(seed=i)
+    sl = _seqlens(case, seed=i)
+    splits = KERNEL_SPLITS[i % len(KERNEL_SPLITS)]
     o, lse, parts = decode_attention(q, k, v, sl, num_splits=splits, return_lse=True,
-                                     return_partials=True)
-    ref, ref_lse = decode_attention_reference(q, k, v, sl, return_lse=True)
-    tol = dict(atol=1e-4, rtol=1e-4) if device.INTERPRET else dict(atol=3e-3, rtol=3e-3)
-    torch.testing.assert_close(o, ref, **tol)
-    torch.testing.assert_close(lse, ref_lse, **tol)
+                                     return_partials=True, **case.options())
+    ref, ref_lse = decode_attention_reference(q, k, v, sl, return_lse=True, **case.options())
+    assert o.dtype == case.dtype and o.shape == q.shape and lse.dtype == torch.float32
+    fp32 = dict(atol=1e-4, rtol=1e-4) if device.INTERPRET else dict(atol=3e-3, rtol=3e-3)
+    # float16 / bfloat16: both round the same float32 rows to the dtype (the policy's
+    # tolerance); float32: the interpreter's float32 against the reference's
+    tol = fp32 if case.dtype == torch.float32 else dict(zip(("atol", "rtol"),
+                                                             tolerance_for(case.dtype)))
+    check_close(o, ref, **tol, name=f"o of {case.id}", quiet=True)
+    torch.testing.assert_close(lse, ref_lse, **fp32)
     # the kernel's partial states, folded with lesson 3's merge, give the same rows
     total = None
     for c in range(parts.m.shape[-1]):
         s = AttentionState(m=parts.m[..., c], l=parts.l[..., c], acc=parts.acc[..., c, :])
         total = s if total is None else merge_states(total, s)
-    torch.testing.assert_close(total.acc / total.l[..., None], o, **tol)
+    check_close(total.acc / total.l[..., None], o.float(), **tol, name=f"merged {case.id}",
+                quiet=True)
 
 
 def test_triton_non_causal_and_custom_scale():
+    # scale is an option, not a declaration: one case with a scale other than 1/sqrt(D)
     q, k, v, sl = make(2, 4, 2, 3, 40, 16, ragged=True, seed=5)
     o = decode_attention(q, k, v, sl, is_causal=False, scale=0.3, num_splits=3)
     ref = decode_attention_reference(q, k, v, sl, is_causal=False, scale=0.3)
@@ -224,6 +298,8 @@ def test_gather_paged_cache_layout():
     assert got.tolist() == [[4, 5, 0, 1], [2, 3, 2, 3]]
 
 
+# a paged cache (block_table) is a storage scheme of its own, not one of the declared
+# layouts: page sizes and counts are this test's choice
 @given(page_size=st.sampled_from([1, 3, 16, 32]), pages=st.integers(1, 6), nq=st.integers(1, 4),
        ratio=st.sampled_from([1, 4]), splits=st.one_of(st.none(), st.integers(1, 5)),
        seed=st.integers(0, 10 ** 6))
@@ -259,12 +335,20 @@ def test_paged_cache_bad_inputs():
 
 
 def test_triton_kernel_specific_errors():
+    """What the kernel's record leaves out is refused before any launch: each dtype it
+    does not declare and a head dim between two declared ones."""
     q, k, v, _ = make(1, 2, 1, 1, 8, 16)
-    with pytest.raises(TypeError, match="float16, bfloat16, float32 tensors"):
-        decode_attention(q.double(), k.double(), v.double())
-    q24, k24, v24, _ = make(1, 2, 1, 1, 8, 24)
+    undeclared = [t for t in FLOAT_DTYPES if t not in KERNEL.dtypes]
+    assert undeclared
+    names = ", ".join(str(t).replace("torch.", "") for t in KERNEL.dtypes)
+    for dt in undeclared:
+        with pytest.raises(TypeError, match=f"{names} tensors"):
+            decode_attention(q.to(dt), k.to(dt), v.to(dt))
+    d = next(d for d in range(KERNEL.example_head_dims()[0] + 1, 512)
+             if not KERNEL.takes_head_dim(d))
+    qd, kd, vd, _ = make(1, 2, 1, 1, 8, d)
     with pytest.raises(ValueError, match="head dim"):
-        decode_attention(q24, k24, v24)
+        decode_attention(qd, kd, vd)
     with pytest.raises(ValueError, match="num_splits"):
         decode_attention(q, k, v, num_splits=0)
 
@@ -331,20 +415,28 @@ def test_committed_benchmark_record_plots(tmp_path):
 
 # ---------------------------------------------------------------- real sizes on a GPU
 
+# real sizes, with the dtypes the kernel declares for a GPU taking them in turn; the
+# head dim, alignment and layout are fixed here (benchmarks/check_decode_gpu.py crosses
+# every declared one with real sizes)
+GPU_CASES = cases(KERNEL, [(1, 32, 8, 1, 32768), (8, 32, 8, 4, 4099), (64, 32, 8, 1, 2048)],
+                  head_dims=[128], settings=[CAUSAL_LOWER_RIGHT], layouts=["bhnd"],
+                  interpreter=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not device.HAS_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("b,nq,lmax,dtype", [(1, 1, 32768, torch.float16),
-                                             (8, 4, 4099, torch.bfloat16),
-                                             (64, 1, 2048, torch.float16)])
-def test_gpu_real_sizes(b, nq, lmax, dtype):
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c.id for c in GPU_CASES])
+def test_gpu_real_sizes(case):
+    b, nq, lmax, dtype = case.B, case.Nq, case.Nk, case.dtype
     torch.manual_seed(0)
-    q = torch.randn(b, 32, nq, 128, device=DEV, dtype=dtype)
-    k = torch.randn(b, 8, lmax, 128, device=DEV, dtype=dtype)
+    q = torch.randn(b, case.Hq, nq, case.D, device=DEV, dtype=dtype)
+    k = torch.randn(b, case.Hkv, lmax, case.D, device=DEV, dtype=dtype)
     v = torch.randn_like(k)
     sl = torch.randint(nq, lmax + 1, (b,), device=DEV, dtype=torch.int32)
     o, lse = decode_attention(q, k, v, sl, return_lse=True)
     ref, ref_lse = decode_attention_reference(q, k, v, sl, return_lse=True)
     err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
+    # float32 multiplies in TF32 on a GPU (the course's policy): float16's bound
     assert err < (2e-2 if dtype == torch.bfloat16 else 3e-3), err
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
 

@@ -276,13 +276,10 @@ IMPLEMENTATIONS = {r.name: r for r in (
                    default_alignment=CAUSAL_LOWER_RIGHT, kind="decode", **_REF),
     Implementation("split_kv", "course_utils.decoding", "split_kv_attention",
                    default_alignment=CAUSAL_LOWER_RIGHT, kind="decode", **_REF),
-    # its tl.dot takes bfloat16 tiles as they are, which the CPU interpreter multiplies
-    # as raw 16-bit integers (the forward kernel upcasts them there): not bfloat16 there
     Implementation("decode", "course_utils.triton_decode", "decode_attention",
                    dtypes=_TRITON_DTYPES, alignments=(CAUSAL_LOWER_RIGHT,),
                    default_alignment=CAUSAL_LOWER_RIGHT, head_dims=(16, 32, 64, 128, 256),
-                   devices="triton", kind="decode",
-                   interpreter_dtypes=(torch.float16, torch.float32)),
+                   devices="triton", kind="decode"),
 )}
 
 

@@ -57,7 +57,11 @@ def test_attention_check_cases_are_the_declared_ones():
 def test_hopper_check_cases_are_the_declared_ones():
     got = _covers_the_records(HOPPER, HOPPER.KERNELS)
     gluon = [c for c in got if c.impl == "gluon"]
-    assert gluon and all(c.alignment is None and c.Nq % 128 == 0 == c.Nk % 128 for c in gluon)
+    # the Gluon kernel: both alignments, Nq != Nk both ways, lengths off the 128-row tile,
+    # and a lower-right mask with Nq > Nk (rows and whole tiles that see no key)
+    assert {c.alignment for c in gluon} == {None, "causal_upper_left", "causal_lower_right"}
+    assert any(c.Nq % 128 for c in gluon) and any(c.Nq > c.Nk for c in gluon)
+    assert any(c.alignment == "causal_lower_right" and c.Nq - c.Nk >= 128 for c in gluon)
     assert not any(c.dtype == torch.float32 for c in got)
     assert not any(c.impl == "tma" and c.alignment == "causal_lower_right" for c in got)
     # every case of a kernel runs with each of its schedule options

@@ -1029,3 +1029,34 @@ def test_gpu_machines_grade_without_landlock(monkeypatch):
             sandbox.detect("landlock")
     monkeypatch.delenv("COURSE_GRADE_ASSUME_GPU")
     assert sandbox.detect("limits").landlock == 0
+
+
+def test_checking_run_ignores_the_machines_other_pytest_plugins(tmp_path):
+    """An installed pytest plugin that reorders tests (like pytest-randomly) would run the
+    check cells out of order: the checking run loads nbval and pytest's own plugins only."""
+    site = tmp_path / "site"
+    (site / "reverse_order-1.0.dist-info").mkdir(parents=True)
+    (site / "reverse_order-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: reverse-order\nVersion: 1.0\n")
+    (site / "reverse_order-1.0.dist-info" / "entry_points.txt").write_text(
+        "[pytest11]\nreverse_order = reverse_order\n")
+    (site / "reverse_order.py").write_text(
+        "def pytest_collection_modifyitems(items):\n    items.reverse()\n")
+    nb = tmp_path / "job" / "n.ipynb"
+    nb.parent.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 41"), nbformat.v4.new_code_cell("assert x + 1 == 42")]), nb)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+    # the plugin is found and reorders an ordinary pytest run...
+    probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(sorted("
+                            "e.name for e in m.entry_points(group='pytest11')))"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert "reverse_order" in probe.stdout
+    # ...but not the checking run
+    subprocess.run([sys.executable, str(ROOT / "course_utils" / "grading" / "runner.py"), str(nb),
+                    str(tmp_path / "job" / "run.json"), "--cwd", str(tmp_path / "job"), "--nbval",
+                    "--cell-timeout", "60", "--timeout", "120"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    cells = json.loads((tmp_path / "job" / "run.json").read_text())["cells"]
+    assert [c["status"] for c in cells] == ["ok", "ok"], cells

@@ -14,6 +14,7 @@ A match is a flag for the instructor to review, never a score.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -100,6 +101,13 @@ def functions(src: str):
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def _module_functions(src: str) -> tuple:
+    """:func:`functions` of one course module's source, kept by its text: every class a
+    process grades fingerprints the same package, and changed text is a new key."""
+    return tuple(functions(src))
+
+
 def cell_fingerprint(src: str):
     try:
         tree = ast.parse(_python_source(src))
@@ -128,7 +136,7 @@ class Index:
                 src = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
-            for name, fp, size in functions(src):
+            for name, fp, size in _module_functions(src):
                 if size >= MIN_NODES:
                     idx.library.setdefault(fp, f"{mod}:{name}")
         for ex, src in exercises_sources.items():

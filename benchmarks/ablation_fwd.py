@@ -4,6 +4,10 @@ against the same configuration of a previous version of the kernel (a copy of th
 in one run.
 
     python benchmarks/ablation_fwd.py --baseline old_triton_attention.py --out ablation.json
+    python benchmarks/ablation_fwd.py --ws both --configs 128x128x8x3,128x64x4x3
+
+``--ws both`` also times the current kernel with Triton's automatic warp specialisation of
+its key loop (the kernel's ``WS`` switch), as the row ``new+ws``.
 
 Every variant's output is checked against SDPA before it is timed (relative error
 < 1e-2, else the row records the error instead of a speed). B = 4, H = 32, float16.
@@ -33,7 +37,7 @@ def _load(path, name):
     return mod
 
 
-def _launch(mod, new, q, k, v, causal, cfg):
+def _launch(mod, new, q, k, v, causal, cfg, ws=False):
     bm, bn, w, s = cfg
     b, h, n, d = q.shape
     o = torch.empty_like(q)
@@ -43,7 +47,7 @@ def _launch(mod, new, q, k, v, causal, cfg):
     grid = (triton_cdiv(n, bm), b * h)
     if new:
         args = (h, 1, n, n, d, 0, scale * mod.LOG2E, mod.length_bucket(n), mod.length_bucket(n))
-        extra = dict(POS_SCALE=True)
+        extra = dict(POS_SCALE=True, WS=ws)
     else:
         args = (h, 1, n, n, d, scale * mod.LOG2E)
         extra = {}
@@ -78,11 +82,14 @@ def main(argv=None):
     ap.add_argument("--d", default="128,64")
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--configs", default=None, help="e.g. 128x64x4x3,128x128x8x3")
+    ap.add_argument("--ws", choices=("off", "on", "both"), default="off",
+                    help="the current kernel without / with warp specialisation, or both")
     args = ap.parse_args(argv)
     import course_utils.triton_attention as cur
-    mods = [("new", cur, True)]
+    mods = {"off": [("new", cur, True, False)], "on": [("new+ws", cur, True, True)],
+            "both": [("new", cur, True, False), ("new+ws", cur, True, True)]}[args.ws]
     if args.baseline:
-        mods.insert(0, ("old", _load(args.baseline, "old_triton_attention"), False))
+        mods.insert(0, ("old", _load(args.baseline, "old_triton_attention"), False, False))
     configs = CONFIGS if not args.configs else [
         tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -99,14 +106,14 @@ def main(argv=None):
                 for be in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
                     ms = common.time_ms(_sdpa(be, q, k, v, causal), warmup=25, rep=100)
                     base[be] = flops / ms * 1e-9
-                for label, mod, new in mods:
+                for label, mod, new, ws in mods:
                     for cfg in configs:
                         row = {"kernel": label, "d": d, "n": n, "causal": causal,
                                "config": "x".join(map(str, cfg)),
                                "flash": base["FLASH_ATTENTION"],
                                "cudnn": base["CUDNN_ATTENTION"]}
                         try:
-                            fn = _launch(mod, new, q, k, v, causal, cfg)
+                            fn = _launch(mod, new, q, k, v, causal, cfg, ws)
                             o = fn()
                             torch.cuda.synchronize()
                             err = float((o.float() - ref.float()).norm() / ref.float().norm())
@@ -130,7 +137,7 @@ def main(argv=None):
     pts = sorted({(r["d"], r["n"], r["causal"]) for r in rows})
     for p in pts:
         line = f"d={p[0]:3d} n={p[1]:5d} causal={int(p[2])}"
-        for label, _, _ in mods:
+        for label, *_ in mods:
             cand = [r for r in rows if (r["d"], r["n"], r["causal"]) == p and r["kernel"] == label
                     and "tflops" in r]
             if cand:

@@ -37,8 +37,10 @@ def tuned(kind, extra):
 
 
 def picked(kernel):
-    cfg = next(iter(kernel.cache.values()), None) if getattr(kernel, "cache", None) else None
-    return None if cfg is None else f"{tuple(cfg.kwargs.values())} w{cfg.num_warps} s{cfg.num_stages}"
+    cfg = next(iter(getattr(kernel, "cache", {}).values()), None)
+    if cfg is None:
+        return None
+    return f"{tuple(cfg.kwargs.values())} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def main():

@@ -94,9 +94,12 @@ hopper() {
     step decode python3 benchmarks/check_decode_gpu.py
     step hopper python3 benchmarks/check_hopper_gpu.py
 }
+exercises() {
+    step exercises_fail python3 -m pytest -p no:cacheprovider -q -n ${1:-8} tests/test_exercises.py
+}
 problems() {
     step nbval_lessons_solutions python3 -m pytest --nbval-lax notebooks solutions $nb
-    step exercises_fail python3 -m pytest -p no:cacheprovider -q -n 8 tests/test_exercises.py
+    exercises
 }
 grading() {
     step grading python3 -m pytest -p no:cacheprovider -q -n ${1:-10} --dist load \
@@ -112,8 +115,7 @@ checks() {
     kernels &
     gputests &
     hopper &
-    { grading 6; step exercises_fail python3 -m pytest -p no:cacheprovider -q -n 4 \
-        tests/test_exercises.py; } &
+    { grading 6; exercises 4; } &
     wait
 }
 outputs() {

@@ -35,11 +35,11 @@ already executed lessons, such as one written by ``--save-executed DIR``).
 ``--on machine`` executes the lessons on this machine's GPU (by default they run
 on the CPU whatever the machine); ``bash benchmarks/gpu_verify.sh site LOG_DIR``
 does that and keeps the runs in ``LOG_DIR/executed``. ``--outputs-from DIR``
-takes each lesson's outputs from an executed copy in ``DIR``, so readers
-without a GPU see the GPU's figures and timings beside today's text: a copy is used only when its code
-cells are the lesson's code cells, as they are now (markdown may have changed
-since); a lesson whose copy is missing or stale is executed here, and the build
-log says which lessons are which.
+takes each lesson's outputs from an executed copy in ``DIR``, so readers without a
+GPU see the GPU's figures and timings beside today's text: a copy is used only when
+its code cells are the lesson's code cells, as they are now (markdown may have
+changed since); a lesson whose copy is missing or stale is executed here, and the
+build log says which lessons are which.
 """
 from __future__ import annotations
 
@@ -654,7 +654,7 @@ def build(out="site", lessons=None, execute=True, src=None, jobs=None, use_cache
                        None if outputs_dir is None else Path(outputs_dir), on, done)
     if keep is not None:
         import nbformat
-        for p in paths:           # lessons from the cache or from outputs_dir, frozen
+        for p in paths:           # every lesson again, its widgets now frozen
             nbformat.write(nbs[p], keep / p.name)
 
     from nbconvert import HTMLExporter

@@ -10,10 +10,8 @@ import torch
 from course_utils.contract import ALIGNMENTS, FLOAT_DTYPES, LAYOUTS, implementation
 from tests.bench_scripts import load
 
-_load = load
 
-
-ATTN, HOPPER, DECODE = (_load(n) for n in ("gpu_check_attention", "check_hopper_gpu",
+ATTN, HOPPER, DECODE = (load(n) for n in ("gpu_check_attention", "check_hopper_gpu",
                                            "check_decode_gpu"))
 
 

@@ -320,6 +320,6 @@ def main(argv):
                               "torch_grouped_ms",
                               "flash_ms", "cudnn_ms", "efficient_ms", "math_ms",
                               "speedup_vs_best_sdpa", "triton_TBps", "bw_fraction_of_copy",
-                              "copy_same_ms", "bw_fraction_of_same_copy"])) 
+                              "copy_same_ms", "bw_fraction_of_same_copy"]))
     print(f"copy bandwidth {extra['copy_TBps']:.2f} TB/s; wrote {path}")
     return 0

@@ -276,7 +276,8 @@ if GLUON_AVAILABLE:
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s,))
                 _release(k_empty, st)
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, nk, s_layout)
+                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, nk,
+                                                     s_layout)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -441,7 +442,8 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
     grid = (-(-sh.Nq // BLOCK_M), sh.B * sh.Hq)
     _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq, sh.Nk,
-                          sh.group, int(sh.offset) if sh.is_causal else 0, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages,
+                          sh.group, sh.offset, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                          STAGES=stages,
                           PIPELINE=pipeline, Q_TILES=2 if pingpong else 1,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
                           CAUSAL=bool(sh.is_causal), num_warps=4 if pingpong else 8)

@@ -21,6 +21,32 @@ except ImportError:  # pragma: no cover
     pass
 
 
+# The tests that take a minute or more each on two cores (whole classes graded in the
+# sandbox, the browser), in the order they should start: pytest-xdist hands work out in
+# collection order, so a long test collected last keeps one worker busy while the other
+# has nothing left to do.
+LONG_FIRST = (
+    "@grading-adversarial-class",
+    "@browser",
+    "test_problem_set_scores_right_and_wrong[04_",
+    "test_problem_set_scores_right_and_wrong[07_",
+    "test_problem_set_scores_right_and_wrong[03_",
+    "test_problem_set_scores_right_and_wrong[05_",
+    "test_problem_set_scores_right_and_wrong[06_",
+    "test_problem_set_scores_right_and_wrong[09_",
+    "test_problem_set_scores_right_and_wrong[02_",
+    "test_problem_set_scores_right_and_wrong[08_",
+    "test_rerun_same_scores_crash_isolation_and_resume",
+    "test_problem_set_scores_right_and_wrong[",
+)
+
+
+def _start_rank(item) -> int:
+    group = item.get_closest_marker("xdist_group")
+    name = item.nodeid + (f"@{group.args[0]}" if group and group.args else "")
+    return next((i for i, part in enumerate(LONG_FIRST) if part in name), len(LONG_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_hopper = pytest.mark.skip(reason="needs an sm90 (Hopper) GPU")
@@ -29,3 +55,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "hopper" in item.keywords and not device.IS_HOPPER:
             item.add_marker(skip_hopper)
+    # stable: the tests of one group (one module fixture) keep their order
+    items.sort(key=_start_rank)

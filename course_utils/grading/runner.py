@@ -149,6 +149,10 @@ def _run_once(nb, result_path, cwd, cell_timeout, timeout, start, sock_dir):
     deadline = start + timeout
     client = _Client(nb, timeout=int(cell_timeout), allow_errors=True, kernel_name="python3",
                      interrupt_on_timeout=True, startup_timeout=120,
+                     # every cell has run and every output has arrived: stop the kernel at
+                     # once rather than wait most of a second for a polite exit (the
+                     # sandbox removes whatever else the run left behind)
+                     shutdown_kernel="immediate",
                      error_on_timeout={"ename": "CellTimeoutError",
                                        "evalue": f"the cell ran longer than {cell_timeout:g} s"},
                      resources={"metadata": {"path": str(cwd)}},

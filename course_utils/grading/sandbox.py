@@ -26,6 +26,7 @@ checkout.
 """
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import os
@@ -171,6 +172,9 @@ class Sandbox:
         self.stage = self.scratch / "stage"
         shutil.copytree(PACKAGE, self.stage / "course_utils",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # compiled here, once per class: the kernels see the copy read-only, so each of
+        # them would otherwise compile every course module it imports again
+        compileall.compile_dir(self.stage / "course_utils", quiet=2)
         # the committed measurements are course material the problem sets read (a
         # profile to interpret, say); only the data files, never the scripts
         bench = PACKAGE.parent / "benchmarks"

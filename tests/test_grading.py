@@ -837,6 +837,10 @@ print("solutions", can_read(sys.argv[1]))
 print("home", os.environ["HOME"].startswith(sys.argv[2]))
 print("ipythondir", os.environ["IPYTHONDIR"].startswith(sys.argv[2]))
 print("stage", __import__("course_utils").__file__.startswith(os.environ["PYTHONPATH"]))
+# compiled before the run (not imported yet here): a kernel does not compile it again
+import importlib.util
+checks = importlib.util.find_spec("course_utils.checks").origin
+print("compiled", os.path.exists(importlib.util.cache_from_source(checks)))
 daemon = [sys.executable, "-c", "import time; time.sleep(300)", sys.argv[3]]
 subprocess.Popen(["setsid"] + daemon, start_new_session=True)
 subprocess.Popen(["env", "-i", "setsid"] + daemon, start_new_session=True)
@@ -860,7 +864,7 @@ def test_sandbox_levels(level, tiny, tmp_path):
                    job / "log", 120)
     said = dict(line.split(" ", 1) for line in (job / "log").read_text().split("\n")
                 if line.count(" ") == 1)
-    assert said["home"] == said["ipythondir"] == said["stage"] == "True", said
+    assert said["home"] == said["ipythondir"] == said["stage"] == said["compiled"] == "True", said
     # what each level promises, and the fallback says what it does not
     assert said["solutions"] == ("True" if level == "limits" else "False")
     left = _alive(token)

@@ -1,5 +1,7 @@
 """Registers, spills and shared memory of each lesson-6 forward configuration, as the
-compiler reports them (no timing): ``python benchmarks/kernel_resources.py``."""
+compiler reports them (no timing): ``python benchmarks/kernel_resources.py``.
+``--gluon``: the same for lesson 8's ping-pong Gluon forward with two and three consumer
+warpgroups (sm90)."""
 import sys
 from pathlib import Path
 
@@ -10,7 +12,42 @@ import torch  # noqa: E402
 from course_utils import triton_attention as ta  # noqa: E402
 
 
+def gluon():
+    from course_utils.hopper import gluon_fwd as gf
+    real = gf._attn_fwd_gluon
+    seen = []
+
+    class Keep:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                seen.append(real[grid](*a, **k))
+                return seen[-1]
+            return launch
+    gf._attn_fwd_gluon = Keep()
+    try:
+        for d in (64, 128):
+            q = torch.randn(1, 2, 1024, d, device="cuda", dtype=torch.float16)
+            for causal in (False, True):
+                for consumers, stages, regs in ((2, 2, None), (2, 3, None), (3, 2, None),
+                                                (3, 2, 168)):
+                    try:
+                        gf.attention_gluon(q, q, q, is_causal=causal, pingpong=True,
+                                           consumers=consumers, stages=stages,
+                                           consumer_regs=regs)
+                        k = seen[-1]
+                        what = (f"registers {k.n_regs}, spills {k.n_spills}, "
+                                f"shared {k.metadata.shared}")
+                    except Exception as e:  # noqa: BLE001 - one that does not fit is a result
+                        what = f"{type(e).__name__}: {str(e)[:120]}"
+                    print(f"gluon d={d:3d} causal={int(causal)} consumers={consumers} "
+                          f"stages={stages} consumer_regs={regs or 'default'}: {what}")
+    finally:
+        gf._attn_fwd_gluon = real
+
+
 def main():
+    if "--gluon" in sys.argv[1:]:
+        return gluon()
     for d in (64, 128):
         q = torch.randn(1, 2, 1024, d, device="cuda", dtype=torch.float16)
         o, lse = torch.empty_like(q), torch.empty(1, 2, 1024, device="cuda")

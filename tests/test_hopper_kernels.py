@@ -86,6 +86,12 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
         gluon_fwd.attention_gluon(q, k, v, pingpong=True, pipeline=False, enable_gqa=True)
     with pytest.raises(ValueError, match="loader_regs"):
         gluon_fwd.attention_gluon(q, k, v, loader_regs=20, enable_gqa=True)
+    for consumers in (1, 4, True, 2.0):
+        with pytest.raises(ValueError, match="consumers must be 2 or 3"):
+            gluon_fwd.attention_gluon(q, k, v, pingpong=True, consumers=consumers,
+                                      enable_gqa=True)
+    with pytest.raises(ValueError, match="pass pingpong=True"):
+        gluon_fwd.attention_gluon(q, k, v, consumers=3, enable_gqa=True)
     if not device.IS_HOPPER:
         with pytest.raises(RuntimeError, match="sm90"):
             gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)

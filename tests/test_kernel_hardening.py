@@ -319,8 +319,10 @@ def test_gluon_any_number_of_stages_finishes(stages):
 
 @pytest.mark.hopper
 @pytest.mark.parametrize("opts", [dict(pipeline=False), dict(pipeline=True, stages=1),
-                                  dict(pipeline=True), dict(pingpong=True, stages=3)],
-                         ids=["serial", "pipelined-1-stage", "pipelined", "pingpong"])
+                                  dict(pipeline=True), dict(pingpong=True, stages=3),
+                                  dict(pingpong=True, consumers=3, stages=2)],
+                         ids=["serial", "pipelined-1-stage", "pipelined", "pingpong",
+                              "pingpong-3-consumers"])
 def test_gluon_masks_lengths_and_rows_without_keys(opts):
     """Both alignments, Nq != Nk both ways (lower-right with Nq > Nk leaves whole tiles
     that see no key), lengths off a multiple of the 128-row tile (masked key tail, query

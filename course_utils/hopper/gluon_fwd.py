@@ -26,9 +26,14 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
   mbarriers ``turn[0]`` / ``turn[1]``, so one consumer's softmax overlaps the other's
   matmuls; each runs the pipelined loop. ``worker_num_regs`` gives each consumer
   ``consumer_regs`` registers and the producer ``loader_regs`` (``setmaxnreg``).
-* Both schedules are one kernel, :func:`_attn_fwd_gluon`: ``Q_TILES`` (1 or 2) sets how
-  many query tiles the loader fetches and how many consumers share the ring, and the
+* Both schedules are one kernel, :func:`_attn_fwd_gluon`: ``Q_TILES`` (1, 2 or 3) sets
+  how many query tiles the loader fetches and how many consumers share the ring, and the
   consumer's ``PINGPONG`` constexpr adds the turn barriers around its matmuls.
+* ``consumers=3`` puts three consumers of 64 rows in the turn circle, FlashAttention-3's
+  choice at head dim 64. The register file then leaves each consumer thread 160
+  registers (two get 240): the compiler spills this kernel's tiles to local memory, and
+  on an H100 it runs slower than two consumers (the measurements are in
+  ``benchmarks/<device>/ablation.md``). Correct, kept to be measured, off by default.
 
 Barrier phases: a slot is used for the ``j // STAGES``-th time at key block ``j``, so
 its barriers complete phase ``(j // STAGES) & 1``. The producer's first wait on an
@@ -168,18 +173,21 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _turn_wait(turn, k, C: gl.constexpr):
-        # ping-pong: consumer 0's turn k follows consumer 1's turn k-1; consumer 1's turn
-        # k follows consumer 0's turn k. Each turn barrier completes one phase per arrival.
+        # ping-pong among the consumers 0, 1, ... in a circle: consumer C > 0 takes its
+        # turn k after consumer C - 1 has taken its turn k; consumer 0 takes turn k after
+        # the last consumer has taken turn k - 1. ``turn[C]`` is the barrier consumer C
+        # waits on; it completes one phase per turn, so turn k waits for phase k's parity
+        # (no consumer gets two turns ahead of the one after it, so parity is enough).
         if C == 0:
             if k > 0:
                 mbarrier.wait(turn.index(0), (k - 1) & 1)
         else:
-            mbarrier.wait(turn.index(1), k & 1)
+            mbarrier.wait(turn.index(C), k & 1)
 
     @gluon.jit
-    def _turn_pass(turn, C: gl.constexpr):
+    def _turn_pass(turn, C: gl.constexpr, NC: gl.constexpr):
         _sync_warps()
-        mbarrier.arrive(turn.index(1 - C), count=1)
+        mbarrier.arrive(turn.index((C + 1) % NC), count=1)
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
@@ -200,6 +208,7 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        NC: gl.constexpr = q_smem.shape[0]        # consumers taking turns (ping-pong)
         q_tile = q_smem.index(C)
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
@@ -221,7 +230,7 @@ if GLUON_AVAILABLE:
             s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if PINGPONG:
-                _turn_pass(turn, C)
+                _turn_pass(turn, C, NC)
             s = warpgroup_mma_wait(0, deps=(s,))
             _release(k_empty, 0)                 # K_0 is read: the producer may refill it
             p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, 0, diag, nk, s_layout)
@@ -238,7 +247,7 @@ if GLUON_AVAILABLE:
                     s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
                                            use_acc=False, is_async=True)
                     acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
-                    _turn_pass(turn, C)
+                    _turn_pass(turn, C, NC)
                 else:
                     # 1. issue S_{j+1} = Q K_{j+1}^T; 2. issue O += P_j V_j behind it
                     s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
@@ -263,7 +272,7 @@ if GLUON_AVAILABLE:
                 _turn_wait(turn, n_blocks, C)
             acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
             if PINGPONG:
-                _turn_pass(turn, C)
+                _turn_pass(turn, C, NC)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _release(v_empty, st)
         else:
@@ -327,13 +336,20 @@ if GLUON_AVAILABLE:
                   o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 1, True, True)
 
     @gluon.jit
+    def _consumer_pp2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 2, True, True)
+
+    @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
                         DIAG, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
-        # Q_TILES = 2: ping-pong, two consumers of BLOCK_M // 2 rows (4 warps each).
+        # Q_TILES = 2 or 3: ping-pong, consumers of BLOCK_M // Q_TILES = 64 rows (4 warps
+        # each) taking turns.
         # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
         # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
         start_m = gl.program_id(0)
@@ -364,21 +380,27 @@ if GLUON_AVAILABLE:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=Q_TILES)   # every consumer releases
             mbarrier.init(v_empty.index(i), count=Q_TILES)
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
+        for i in gl.static_range(3):
+            mbarrier.init(turn.index(i), count=1)
 
         cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
                  lse_ptr, q_row, n_blocks, qk_scale, m0, diag, Nq, Nk)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                  k_empty, v_empty, q_row, kv_row, n_blocks)
-        if Q_TILES == 2:
+        if Q_TILES == 3:
+            # three consumers in a circle (FlashAttention-3's choice at head dim 64, where
+            # the exponentials weigh more against the smaller matmuls)
+            gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
+                                (_consumer_pp2, cargs), (_loader, largs)], [4, 4, 1],
+                               [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+        elif Q_TILES == 2:
             # the default partition (4 warps) is consumer 0; consumer 1 (4 warps) and the
             # loader (1 warp) are workers with setmaxnreg budgets
             gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
@@ -392,8 +414,8 @@ if GLUON_AVAILABLE:
                                [1], [LOADER_REGS])
 
         mbarrier.invalidate(q_bar)
-        mbarrier.invalidate(turn.index(0))
-        mbarrier.invalidate(turn.index(1))
+        for i in gl.static_range(3):
+            mbarrier.invalidate(turn.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_ready.index(i))
             mbarrier.invalidate(v_ready.index(i))
@@ -403,12 +425,15 @@ if GLUON_AVAILABLE:
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
                     return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
-                    consumer_regs=240):
+                    consumers=2, consumer_regs=None):
     """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
 
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
     ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
-    budget (``setmaxnreg``), leaving the rest of the register file to the consumers."""
+    budget (``setmaxnreg``), leaving the rest of the register file to the consumers.
+    ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each take turns
+    on the tensor cores; each gets ``consumer_regs`` registers per thread (default 240
+    for two, 160 for three, which is what the register file leaves them)."""
     # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
@@ -420,6 +445,12 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if pingpong and not pipeline:
         raise ValueError("pingpong=True runs the pipelined consumer loop: pass pipeline=True")
+    if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers not in (2, 3):
+        raise ValueError(f"consumers must be 2 or 3, got {consumers!r}")
+    if consumers == 3 and not pingpong:
+        raise ValueError("consumers=3 is a ping-pong schedule: pass pingpong=True")
+    if consumer_regs is None:
+        consumer_regs = 160 if consumers == 3 else 240
     if consumer_regs not in range(80, 256, 8):
         raise ValueError(f"consumer_regs must be a multiple of 8 in 80..248, got {consumer_regs!r}")
     if loader_regs not in (24, 32, 40, 48, 56):
@@ -432,7 +463,9 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     q2 = q.contiguous().reshape(-1, sh.D)
     k2 = k.contiguous().reshape(-1, sh.D)
     v2 = v.contiguous().reshape(-1, sh.D)
-    q_block = [BLOCK_M // 2 if pingpong else BLOCK_M, sh.D]
+    tiles = consumers if pingpong else 1
+    block_m = 64 * tiles if pingpong else BLOCK_M
+    q_block = [block_m // tiles, sh.D]
     q_layout = gl.NVMMASharedLayout.get_default_for(q_block, gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, sh.D], gdt)
     q_desc = GluonDescriptor(q2, list(q2.shape), list(q2.stride()), q_block, q_layout)
@@ -440,11 +473,11 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     v_desc = GluonDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, sh.D], kv_layout)
     o = torch.empty((sh.B, sh.Hq, sh.Nq, sh.D), device=q.device, dtype=q.dtype)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
-    grid = (-(-sh.Nq // BLOCK_M), sh.B * sh.Hq)
+    grid = (-(-sh.Nq // block_m), sh.B * sh.Hq)
     _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq, sh.Nk,
-                          sh.group, sh.offset, D=sh.D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                          sh.group, sh.offset, D=sh.D, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
                           STAGES=stages,
-                          PIPELINE=pipeline, Q_TILES=2 if pingpong else 1,
+                          PIPELINE=pipeline, Q_TILES=tiles,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
                           CAUSAL=bool(sh.is_causal), num_warps=4 if pingpong else 8)
     return (o, lse) if return_lse else o

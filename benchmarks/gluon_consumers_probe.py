@@ -1,0 +1,128 @@
+"""The Gluon forward with two or three consumer warpgroups taking turns (sm90).
+
+    python benchmarks/gluon_consumers_probe.py [--out FILE.json] [--rep MS]
+
+First every variant is checked against SDPA's math backend (float32) on odd lengths,
+GQA and both causal alignments; then, in one run, the forward is timed at B = 4, H = 32,
+N = 4k and 16k, D = 64 and 128, causal and not (fp16), next to SDPA's flash and cuDNN
+backends. A variant that does not compile or run is recorded with its error. The JSON
+keeps every number with the ratios to cuDNN."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from course_utils import device  # noqa: E402
+from course_utils.bench import common  # noqa: E402
+from course_utils.hopper.gluon_fwd import attention_gluon  # noqa: E402
+
+# name -> keyword arguments of attention_gluon
+VARIANTS = {
+    "pp2_s2": dict(pingpong=True, stages=2),
+    "pp2_s3": dict(pingpong=True, stages=3),
+    "pp3_s2": dict(pingpong=True, consumers=3, stages=2),
+    "pp3_s3": dict(pingpong=True, consumers=3, stages=3),
+    "pp3_s2_r168": dict(pingpong=True, consumers=3, stages=2, consumer_regs=168),
+}
+
+
+def reference(q, k, v, causal, lower_right):
+    g = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(g, dim=1).float() for x in (k, v))
+    q = q.float()
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        nq, nk = q.shape[2], k.shape[2]
+        i = torch.arange(nq, device=q.device)[:, None]
+        j = torch.arange(nk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (nk - nq if lower_right else 0), float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
+
+
+def check(name, kw, d):
+    bad = []
+    for nq, nk, hq, hkv, causal, align in ((1000, 1900, 4, 2, True, "causal_upper_left"),
+                                           (1000, 1900, 4, 2, True, "causal_lower_right"),
+                                           (1900, 1000, 4, 1, True, "causal_lower_right"),
+                                           (333, 777, 2, 2, False, None),
+                                           (4096, 4096, 2, 2, True, "causal_upper_left")):
+        gen = torch.Generator(device=device.DEVICE).manual_seed(nq + nk + d)
+        q = torch.randn(1, hq, nq, d, device=device.DEVICE, dtype=torch.float16, generator=gen)
+        k = torch.randn(1, hkv, nk, d, device=device.DEVICE, dtype=torch.float16, generator=gen)
+        v = torch.randn(1, hkv, nk, d, device=device.DEVICE, dtype=torch.float16, generator=gen)
+        extra = {"alignment": align} if causal else {}
+        o = attention_gluon(q, k, v, is_causal=causal, enable_gqa=True, **extra, **kw)
+        ref = reference(q, k, v, causal, align == "causal_lower_right")
+        err = float((o.float() - ref).abs().max())
+        if not err < 1e-2:
+            bad.append(f"Nq={nq} Nk={nk} causal={causal} {align}: max |error| {err:.3g}")
+    return bad
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rep", type=int, default=40)
+    a = ap.parse_args(argv)
+    if not device.needs("hopper"):
+        return 0
+    record = {"environment": common.environment(), "checks": {}, "rows": []}
+    record["environment"]["command"] = "python benchmarks/gluon_consumers_probe.py " + \
+        " ".join(argv if argv is not None else sys.argv[1:])
+    ok = {}
+    for d in (64, 128):
+        for name, kw in VARIANTS.items():
+            try:
+                bad = check(name, kw, d)
+            except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
+                bad = [f"{type(e).__name__}: {str(e)[:300]}"]
+            record["checks"][f"{name}_d{d}"] = bad or "ok"
+            ok[(name, d)] = not bad
+            print(f"check {name} D={d}: {'ok' if not bad else bad}", flush=True)
+    b, h = 4, 32
+    for d in (64, 128):
+        for n in (4096, 16384):
+            for causal in (False, True):
+                gen = torch.Generator(device=device.DEVICE).manual_seed(n + d)
+                q, k, v = (torch.randn(b, h, n, d, device=device.DEVICE, dtype=torch.float16,
+                                       generator=gen) for _ in range(3))
+                flops = common.attention_flops(b, h, n, n, d, causal)
+                row = {"d": d, "n": n, "causal": causal}
+                fns = {}
+                for be, key in ((SDPBackend.FLASH_ATTENTION, "flash"),
+                                (SDPBackend.CUDNN_ATTENTION, "cudnn")):
+                    def sdpa(be=be):
+                        with sdpa_kernel([be]):
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    fns[key] = sdpa
+                for name, kw in VARIANTS.items():
+                    if ok[(name, d)]:
+                        fns[name] = (lambda kw=kw: attention_gluon(q, k, v, is_causal=causal,
+                                                                   **kw))
+                for key, fn in fns.items():
+                    try:
+                        ms = common.time_ms(fn, rep=a.rep)
+                        row[key] = round(flops / ms / 1e9, 1)
+                    except Exception as e:  # noqa: BLE001
+                        row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                for key in list(row):
+                    if key in fns and key != "cudnn" and row.get("cudnn"):
+                        row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
+                record["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

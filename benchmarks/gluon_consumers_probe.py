@@ -1,12 +1,15 @@
 """The Gluon forward with two or three consumer warpgroups taking turns (sm90).
 
     python benchmarks/gluon_consumers_probe.py [--out FILE.json] [--rep MS]
+        [--variants pp2_s2,pp3_s2,...] [--baseline OLD_gluon_fwd.py]
 
 First every variant is checked against SDPA's math backend (float32) on odd lengths,
 GQA and both causal alignments; then, in one run, the forward is timed at B = 4, H = 32,
 N = 4k and 16k, D = 64 and 128, causal and not (fp16), next to SDPA's flash and cuDNN
 backends. A variant that does not compile or run is recorded with its error. The JSON
-keeps every number with the ratios to cuDNN."""
+keeps every number with the ratios to cuDNN. ``--baseline`` also times an older copy of
+``course_utils/hopper/gluon_fwd.py`` (its two-consumer variants, prefixed ``before_``) in
+the same run, so a change to the kernel is measured against what it replaced."""
 from __future__ import annotations
 
 import argparse
@@ -48,7 +51,16 @@ def reference(q, k, v, causal, lower_right):
     return p @ v
 
 
-def check(name, kw, d):
+def _load(path):
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("gluon_fwd_before", str(path))
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(mod)
+    return mod
+
+
+def check(name, kw, d, fwd=attention_gluon):
     bad = []
     for nq, nk, hq, hkv, causal, align in ((1000, 1900, 4, 2, True, "causal_upper_left"),
                                            (1000, 1900, 4, 2, True, "causal_lower_right"),
@@ -60,7 +72,7 @@ def check(name, kw, d):
         k = torch.randn(1, hkv, nk, d, device=device.DEVICE, dtype=torch.float16, generator=gen)
         v = torch.randn(1, hkv, nk, d, device=device.DEVICE, dtype=torch.float16, generator=gen)
         extra = {"alignment": align} if causal else {}
-        o = attention_gluon(q, k, v, is_causal=causal, enable_gqa=True, **extra, **kw)
+        o = fwd(q, k, v, is_causal=causal, enable_gqa=True, **extra, **kw)
         ref = reference(q, k, v, causal, align == "causal_lower_right")
         err = float((o.float() - ref).abs().max())
         if not err < 1e-2:
@@ -72,7 +84,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--rep", type=int, default=40)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--baseline", default=None, help="an older gluon_fwd.py")
     a = ap.parse_args(argv)
+    runs = {name: (attention_gluon, VARIANTS[name]) for name in a.variants.split(",")}
+    if a.baseline:
+        old = _load(a.baseline).attention_gluon
+        runs = {**{f"before_{n}": (old, VARIANTS[n]) for n in ("pp2_s2", "pp2_s3")}, **runs}
     if not device.needs("hopper"):
         return 0
     record = {"environment": common.environment(), "checks": {}, "rows": []}
@@ -80,9 +98,9 @@ def main(argv=None):
         " ".join(argv if argv is not None else sys.argv[1:])
     ok = {}
     for d in (64, 128):
-        for name, kw in VARIANTS.items():
+        for name, (fwd, kw) in runs.items():
             try:
-                bad = check(name, kw, d)
+                bad = check(name, kw, d, fwd)
             except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
                 bad = [f"{type(e).__name__}: {str(e)[:300]}"]
             record["checks"][f"{name}_d{d}"] = bad or "ok"
@@ -104,10 +122,9 @@ def main(argv=None):
                         with sdpa_kernel([be]):
                             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     fns[key] = sdpa
-                for name, kw in VARIANTS.items():
+                for name, (fwd, kw) in runs.items():
                     if ok[(name, d)]:
-                        fns[name] = (lambda kw=kw: attention_gluon(q, k, v, is_causal=causal,
-                                                                   **kw))
+                        fns[name] = (lambda fwd=fwd, kw=kw: fwd(q, k, v, is_causal=causal, **kw))
                 for key, fn in fns.items():
                     try:
                         ms = common.time_ms(fn, rep=a.rep)

@@ -35,6 +35,11 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
   on an H100 it runs slower than two consumers (the measurements are in
   ``benchmarks/<device>/ablation.md``). Correct, kept to be measured, off by default.
 
+The epilogue: a consumer writes its normalised O tile into the shared-memory slot of its
+Q tile (free once its last ``S = Q K^T`` is done) and one TMA copy stores it, whole lines
+at a time; the last tile of a head whose length is not a multiple of the tile stores only
+its rows below ``Nq`` from registers instead (a TMA copy would write the next head's rows).
+
 Barrier phases: a slot is used for the ``j // STAGES``-th time at key block ``j``, so
 its barriers complete phase ``(j // STAGES) & 1``. The producer's first wait on an
 "empty" barrier asks for the phase *before* the first (parity 1), which a fresh
@@ -74,7 +79,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
-        mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     GLUON_AVAILABLE = True
 except ImportError:  # an older Triton without Gluon
@@ -191,8 +196,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, C: gl.constexpr,
-                  PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk,
+                  C: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
         128 rows) or, with ``PINGPONG``, two (4 warps, 64 rows each) that take turns on
         the tensor cores through the ``turn`` barriers."""
@@ -297,52 +302,69 @@ if GLUON_AVAILABLE:
         # a row that saw no key (only under a lower-right mask with Nq > Nk): 0 and -inf
         empty = l_i == 0.0
         out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), row_o), 1)
-        # 64-bit row offsets: B * H * N * D passes 2**31 long before the row count does
         base = o_row + C * BLOCK_M
-        rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
-        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        # the last tile's rows past nq were the next head's queries: not stored
-        in_o = gl.expand_dims(row0 + gl.arange(0, BLOCK_M, layout=row_o) < nq, 1) & \
-            gl.expand_dims(cols < D, 0)
-        gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
-                 out.to(o_ptr.dtype.element_ty), mask=in_o)
+        if row0 + BLOCK_M <= nq:
+            # the whole tile lies in this head: O goes into shared memory (the slot of this
+            # consumer's Q tile, free once its last S = Q K^T is done) and leaves in one
+            # TMA copy, which writes whole 128-byte lines instead of each thread's pairs
+            q_tile.store(out.to(q_tile.dtype))
+            fence_async_shared()                 # the writes, before the copy reads them
+            _sync_warps()
+            tma.async_copy_shared_to_global(o_desc, [base, 0], q_tile)
+            tma.store_wait(0)
+        else:
+            # the last tile of a head whose length is not a multiple of the tile: its rows
+            # past nq were the next head's queries, so it stores only the rows below nq.
+            # 64-bit row offsets: B * H * N * D passes 2**31 long before the row count does
+            rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
+            cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+            in_o = gl.expand_dims(row0 + gl.arange(0, BLOCK_M, layout=row_o) < nq, 1) & \
+                gl.expand_dims(cols < D, 0)
+            gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
+                     out.to(o_ptr.dtype.element_ty), mask=in_o)
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
                  gl.where(empty, float("-inf"), (m_i + gl.log2(l_i)) * _LN2),
                  mask=row0 + gl.arange(0, BLOCK_M, layout=row_s) < nq)
 
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0, False, False)
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
+                  False, False)
 
     @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                            turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                            o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0, True, False)
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
+                  True, False)
 
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0, True, True)
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
+                  True, True)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 1, True, True)
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 1,
+                  True, True)
 
     @gluon.jit
-    def _consumer_pp2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+    def _consumer_pp2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
         _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 2, True, True)
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 2,
+                  True, True)
 
     @gluon.jit
-    def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, lse_ptr, qk_scale, Hq, Nq, Nk, GROUP,
+    def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qk_scale, Hq, Nq, Nk,
+                        GROUP,
                         DIAG, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
@@ -391,7 +413,7 @@ if GLUON_AVAILABLE:
             mbarrier.init(turn.index(i), count=1)
 
         cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
-                 lse_ptr, q_row, n_blocks, qk_scale, m0, diag, Nq, Nk)
+                 o_desc, lse_ptr, q_row, n_blocks, qk_scale, m0, diag, Nq, Nk)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                  k_empty, v_empty, q_row, kv_row, n_blocks)
         if Q_TILES == 3:
@@ -473,8 +495,12 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     v_desc = GluonDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, sh.D], kv_layout)
     o = torch.empty((sh.B, sh.Hq, sh.Nq, sh.D), device=q.device, dtype=q.dtype)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
+    # the output through TMA too: the Q tile's block and layout (the epilogue reuses its slot)
+    o2 = o.view(-1, sh.D)
+    o_desc = GluonDescriptor(o2, list(o2.shape), list(o2.stride()), q_block, q_layout)
     grid = (-(-sh.Nq // block_m), sh.B * sh.Hq)
-    _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, lse, sh.scale * LOG2E, sh.Hq, sh.Nq, sh.Nk,
+    _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, o_desc, lse, sh.scale * LOG2E, sh.Hq, sh.Nq,
+                          sh.Nk,
                           sh.group, sh.offset, D=sh.D, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
                           STAGES=stages,
                           PIPELINE=pipeline, Q_TILES=tiles,

@@ -1,5 +1,5 @@
 """Variants of the Gluon forward (sm90): two or three consumer warpgroups taking turns,
-two or three stages, a persistent grid or one program per tile.
+two or three stages.
 
     python benchmarks/gluon_consumers_probe.py [--out FILE.json] [--rep MS]
         [--variants pp2_s2,pp3_s2,...] [--baseline OLD_gluon_fwd.py]
@@ -35,9 +35,6 @@ VARIANTS = {
     "pp3_s2": dict(pingpong=True, consumers=3, stages=2),
     "pp3_s3": dict(pingpong=True, consumers=3, stages=3),
     "pp3_s2_r168": dict(pingpong=True, consumers=3, stages=2, consumer_regs=168),
-    # one program per tile instead of one per multiprocessor
-    "pp2_s2_grid": dict(pingpong=True, stages=2, persistent=False),
-    "pp2_s3_grid": dict(pingpong=True, stages=3, persistent=False),
 }
 
 

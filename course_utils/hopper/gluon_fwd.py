@@ -91,89 +91,34 @@ if GLUON_AVAILABLE:
     _LN2 = gl.constexpr(LN2)
 
     @gluon.jit
-    def _tile(i, n_m, Hq, GROUP, Nq, Nk, DIAG, causal, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr):
-        """Where tile ``i`` of the grid's list lies: query tile ``i % n_m`` of head
-        ``i // n_m`` (a head's tiles next to each other, so the programs running at once
-        share K and V in L2); under a causal mask each head's longest tiles first (its last
-        query tiles see the most key blocks). Returns the tile's first row of Q (and O)
-        and of K/V in the flattened tensors, its first query position, how many key blocks
-        it loads and the mask's offset (``j <= i + diag`` is visible)."""
-        start_m = i % n_m
-        if causal != 0:
-            start_m = n_m - 1 - start_m
-        bh = i // n_m
-        b = bh // Hq
-        h = bh % Hq
-        q_row = bh * Nq + start_m * BLOCK_M
-        kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
-        m0 = start_m * BLOCK_M
-        n_blocks = (Nk + BLOCK_N - 1) // BLOCK_N    # the last one masked where the keys end
-        diag = Nk + BLOCK_N                      # no mask: no block is ever cut
-        if causal != 0:
-            # blocks up to the one holding the last key the tile's last row sees
-            seen = gl.maximum(m0 + BLOCK_M + DIAG, 0)
-            n_blocks = gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, n_blocks)
-            diag = DIAG
-        return q_row, kv_row, m0, n_blocks, diag
-
-    @gluon.jit
-    def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, c, kv_row,
-                 j):
-        # key block j of the tile into ring slot (c + j) % STAGES, once the consumers have
-        # released what that slot held
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        STAGES: gl.constexpr = k_smem.shape[0]
-        s = (c + j) % STAGES
-        phase = ((c + j) // STAGES) & 1
-        mbarrier.wait(k_empty.index(s), phase ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
-                                        k_smem.index(s))
-        mbarrier.wait(v_empty.index(s), phase ^ 1)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
-                                        v_smem.index(s))
-
-    @gluon.jit
-    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                v_ready, k_empty, v_empty, n_tiles, n_m, Hq, GROUP, Nq, Nk, DIAG, causal):
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                k_empty, v_empty, q_row, kv_row, n_blocks):
         # constexprs do not cross into a partition as arguments: read them off the shapes.
-        # Q_TILES query tiles (1, or 2-3 for ping-pong) of ROWS rows each, then the K/V ring.
+        # Q_TILES query tiles (1, or 2 for ping-pong) of ROWS rows each, then the K/V ring.
         Q_TILES: gl.constexpr = q_smem.shape[0]
         ROWS: gl.constexpr = q_smem.shape[1]
+        mbarrier.expect(q_bar, Q_TILES * q_desc.block_type.nbytes)
+        for i in gl.static_range(Q_TILES):
+            tma.async_copy_global_to_shared(q_desc, [q_row + i * ROWS, 0], q_bar,
+                                            q_smem.index(i))
+        # K and V slots are handed back separately: the pipelined consumer is done with
+        # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
+        # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
+        # producer would wait for V_j's release before loading K_{j+1}, which the
+        # consumer waits for before it can finish P_j V_j: a deadlock.
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
-        pid = gl.program_id(0)
-        c = pid * 0                              # key blocks loaded so far: the ring's position
-        t = pid * 0                              # tiles loaded so far
-        # persistent: this program takes tiles pid, pid + programs, ... (one each when the
-        # grid has a program per tile)
-        for i in range(pid, n_tiles, gl.num_programs(0)):
-            q_row, kv_row, m0, n_blocks, diag = _tile(i, n_m, Hq, GROUP, Nq, Nk, DIAG, causal,
-                                                      Q_TILES * ROWS, BLOCK_N)
-            # K and V slots are handed back separately: the pipelined consumer is done with
-            # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
-            # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
-            # producer would wait for V_j's release before loading K_{j+1}, which the
-            # consumer waits for before it can finish P_j V_j: a deadlock.
-            # The tile's first K/V block goes first: it loads while the consumers still
-            # finish the previous tile and store its output from the Q slots.
-            if n_blocks > 0:
-                _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                         c, kv_row, 0)
-            # the Q slots hold the previous tile's output until every consumer's TMA store
-            # has read it
-            mbarrier.wait(q_empty, (t & 1) ^ 1)
-            mbarrier.expect(q_bar, Q_TILES * q_desc.block_type.nbytes)
-            for qi in gl.static_range(Q_TILES):
-                tma.async_copy_global_to_shared(q_desc, [q_row + qi * ROWS, 0], q_bar,
-                                                q_smem.index(qi))
-            for j in range(1, n_blocks):
-                _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                         c, kv_row, j)
-            c += n_blocks
-            t += 1
+        for j in range(n_blocks):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
+                                            k_smem.index(s))
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
+                                            v_smem.index(s))
 
     # a CTA-wide barrier among the partition's warps (renamed between Triton releases)
     _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -250,15 +195,12 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(turn.index((C + 1) % NC), count=1)
 
     @gluon.jit
-    def _consume_tile(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                      v_empty, turn, o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0,
-                      diag, nq, nk, c0, k0, t, C: gl.constexpr, PIPELINE: gl.constexpr,
-                      PINGPONG: gl.constexpr):
-        """Consumer ``C``'s part of one tile: the rows of ``q_smem.index(C)``. One consumer
-        (8 warps, 128 rows) or, with ``PINGPONG``, two or three (4 warps, 64 rows each)
-        that take turns on the tensor cores through the ``turn`` barriers. ``c0``: key
-        blocks this program consumed before this tile (the ring's position); ``k0``: turns
-        taken before it; ``t``: tiles before it."""
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk,
+                  C: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
+        """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
+        128 rows) or, with ``PINGPONG``, two (4 warps, 64 rows each) that take turns on
+        the tensor cores through the ``turn`` barriers."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -280,33 +222,33 @@ if GLUON_AVAILABLE:
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
 
         row0 = m0 + C * BLOCK_M                  # this consumer's first query position
-        mbarrier.wait(q_bar, t & 1)
+        mbarrier.wait(q_bar, 0)
         if n_blocks == 0:
             # a causal tile whose rows see no key (lower-right mask, Nq > Nk): nothing
             # to load or multiply; the output is 0 and the LSE -inf, as lesson 6's
             pass
         elif PIPELINE:
             # prologue: S_0 and its softmax
-            mbarrier.wait(k_ready.index(c0 % STAGES), (c0 // STAGES) & 1)
+            mbarrier.wait(k_ready.index(0), 0)
             if PINGPONG:
-                _turn_wait(turn, k0, C)
-            s = warpgroup_mma(q_tile, k_smem.index(c0 % STAGES).permute((1, 0)), s_zero,
+                _turn_wait(turn, 0, C)
+            s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if PINGPONG:
                 _turn_pass(turn, C, NC)
             s = warpgroup_mma_wait(0, deps=(s,))
-            _release(k_empty, c0 % STAGES)      # K_0 is read: the producer may refill it
+            _release(k_empty, 0)                 # K_0 is read: the producer may refill it
             p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, 0, diag, nk, s_layout)
             for j in range(n_blocks - 1):
-                st = (c0 + j) % STAGES
-                nst = (c0 + j + 1) % STAGES
-                mbarrier.wait(k_ready.index(nst), ((c0 + j + 1) // STAGES) & 1)
+                st = j % STAGES
+                nst = (j + 1) % STAGES
+                mbarrier.wait(k_ready.index(nst), ((j + 1) // STAGES) & 1)
                 if PINGPONG:
                     # prepare P_j first, then issue both matmuls in this consumer's turn
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                    mbarrier.wait(v_ready.index(st), ((c0 + j) // STAGES) & 1)
-                    _turn_wait(turn, k0 + j + 1, C)
+                    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+                    _turn_wait(turn, j + 1, C)
                     s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
                                            use_acc=False, is_async=True)
                     acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
@@ -317,7 +259,7 @@ if GLUON_AVAILABLE:
                                            use_acc=False, is_async=True)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-                    mbarrier.wait(v_ready.index(st), ((c0 + j) // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
                     acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
                 # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
                 s = warpgroup_mma_wait(1, deps=(s_next,))
@@ -327,12 +269,12 @@ if GLUON_AVAILABLE:
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
                 _release(v_empty, st)
             last = n_blocks - 1
-            st = (c0 + last) % STAGES
+            st = last % STAGES
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-            mbarrier.wait(v_ready.index(st), ((c0 + last) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
             if PINGPONG:
-                _turn_wait(turn, k0 + n_blocks, C)
+                _turn_wait(turn, n_blocks, C)
             acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
             if PINGPONG:
                 _turn_pass(turn, C, NC)
@@ -341,8 +283,8 @@ if GLUON_AVAILABLE:
         else:
             # the serial FA2 order inside one warpgroup: matmul, softmax, matmul
             for j in range(n_blocks):
-                st = (c0 + j) % STAGES
-                phase = ((c0 + j) // STAGES) & 1
+                st = j % STAGES
+                phase = (j // STAGES) & 1
                 mbarrier.wait(k_ready.index(st), phase)
                 s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
@@ -383,76 +325,48 @@ if GLUON_AVAILABLE:
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
                  gl.where(empty, float("-inf"), (m_i + gl.log2(l_i)) * _LN2),
                  mask=row0 + gl.arange(0, BLOCK_M, layout=row_s) < nq)
-        # the Q slot (which held O for the TMA store) may take the next tile's Q
-        _sync_warps()
-        mbarrier.arrive(q_empty, count=1)
-
-    @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk, DIAG,
-                  causal, C: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
-        """Consumer ``C`` over this program's tiles, in the loader's order."""
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
-        BLOCK_M: gl.constexpr = q_smem.shape[0] * q_smem.shape[1]
-        pid = gl.program_id(0)
-        c0 = pid * 0
-        k0 = pid * 0
-        t = pid * 0
-        for i in range(pid, n_tiles, gl.num_programs(0)):
-            q_row, kv_row, m0, n_blocks, diag = _tile(i, n_m, Hq, GROUP, Nq, Nk, DIAG, causal,
-                                                      BLOCK_M, BLOCK_N)
-            _consume_tile(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                          v_empty, turn, o_ptr, o_desc, lse_ptr, q_row, n_blocks, qk_scale, m0,
-                          diag, Nq, Nk, c0, k0, t, C, PIPELINE, PINGPONG)
-            c0 += n_blocks
-            k0 += n_blocks + gl.minimum(n_blocks, 1)    # a tile with blocks takes n + 1 turns
-            t += 1
 
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                         turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                         DIAG, causal):
-        _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                  DIAG, causal, 0, False, False)
+    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                         o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
+                  False, False)
 
     @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                            turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                            DIAG, causal):
-        _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                  DIAG, causal, 0, True, False)
+    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                            o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
+                  True, False)
 
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                      DIAG, causal):
-        _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                  DIAG, causal, 0, True, True)
+    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
+                  True, True)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                      DIAG, causal):
-        _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                  DIAG, causal, 1, True, True)
+    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 1,
+                  True, True)
 
     @gluon.jit
-    def _consumer_pp2(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                      DIAG, causal):
-        _consumer(q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk,
-                  DIAG, causal, 2, True, True)
+    def _consumer_pp2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 2,
+                  True, True)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qk_scale, Hq, Nq, Nk,
-                        GROUP, DIAG, n_tiles, n_m, D: gl.constexpr, BLOCK_M: gl.constexpr,
-                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PIPELINE: gl.constexpr,
+                        GROUP,
+                        DIAG, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
@@ -460,27 +374,36 @@ if GLUON_AVAILABLE:
         # each) taking turns.
         # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
         # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
-        # The grid: one program per tile, or (persistent) one per multiprocessor, each
-        # taking every programs-th tile of the list (see _tile) while its loader already
-        # fetches the next tile's K and V during this one's last blocks and epilogue.
+        start_m = gl.program_id(0)
         if CAUSAL:
-            causal = gl.program_id(0) * 0 + 1    # a value: constexprs do not reach partitions
-        else:
-            causal = gl.program_id(0) * 0
+            # longest rows first: the last query tiles see the most key blocks, so they
+            # start first and the short ones fill in at the end of the grid
+            start_m = gl.num_programs(0) - 1 - start_m
+        bh = gl.program_id(1)
+        b = bh // Hq
+        h = bh % Hq
+        q_row = bh * Nq + start_m * BLOCK_M
+        kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
+        m0 = start_m * BLOCK_M
+        n_blocks = (Nk + BLOCK_N - 1) // BLOCK_N    # the last one masked where the keys end
+        diag = Nk + BLOCK_N                      # no mask: no block is ever cut
+        if CAUSAL:
+            # blocks up to the one holding the last key the tile's last row sees
+            seen = gl.maximum(m0 + BLOCK_M + DIAG, 0)
+            n_blocks = gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, n_blocks)
+            diag = DIAG
         ROWS: gl.constexpr = BLOCK_M // Q_TILES
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_TILES, ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
-        mbarrier.init(q_empty, count=Q_TILES)    # every consumer has stored its output
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -489,11 +412,10 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(3):
             mbarrier.init(turn.index(i), count=1)
 
-        cargs = (q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, k_empty, v_empty,
-                 turn, o_ptr, o_desc, lse_ptr, qk_scale, n_tiles, n_m, Hq, GROUP, Nq, Nk, DIAG,
-                 causal)
-        largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
-                 v_ready, k_empty, v_empty, n_tiles, n_m, Hq, GROUP, Nq, Nk, DIAG, causal)
+        cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
+                 o_desc, lse_ptr, q_row, n_blocks, qk_scale, m0, diag, Nq, Nk)
+        largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                 k_empty, v_empty, q_row, kv_row, n_blocks)
         if Q_TILES == 3:
             # three consumers in a circle (FlashAttention-3's choice at head dim 64, where
             # the exponentials weigh more against the smaller matmuls)
@@ -514,7 +436,6 @@ if GLUON_AVAILABLE:
                                [1], [LOADER_REGS])
 
         mbarrier.invalidate(q_bar)
-        mbarrier.invalidate(q_empty)
         for i in gl.static_range(3):
             mbarrier.invalidate(turn.index(i))
         for i in gl.static_range(STAGES):
@@ -526,7 +447,7 @@ if GLUON_AVAILABLE:
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
                     return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
-                    consumers=2, consumer_regs=None, persistent=True):
+                    consumers=2, consumer_regs=None):
     """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
 
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
@@ -534,17 +455,14 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     budget (``setmaxnreg``), leaving the rest of the register file to the consumers.
     ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each take turns
     on the tensor cores; each gets ``consumer_regs`` registers per thread (default 240
-    for two, 160 for three, which is what the register file leaves them).
-    ``persistent``: one program per multiprocessor, each looping over its share of the
-    tiles (``False``: one program per tile)."""
+    for two, 160 for three, which is what the register file leaves them)."""
     # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)
     if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 4:
         raise ValueError(f"stages must be an int in 1..4, got {stages!r}")
-    for name, flag in (("pipeline", pipeline), ("pingpong", pingpong),
-                       ("persistent", persistent)):
+    for name, flag in (("pipeline", pipeline), ("pingpong", pingpong)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if pingpong and not pipeline:
@@ -580,13 +498,12 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     # the output through TMA too: the Q tile's block and layout (the epilogue reuses its slot)
     o2 = o.view(-1, sh.D)
     o_desc = GluonDescriptor(o2, list(o2.shape), list(o2.stride()), q_block, q_layout)
-    n_m = -(-sh.Nq // block_m)
-    n_tiles = n_m * sh.B * sh.Hq
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    grid = (min(n_tiles, sms) if persistent else n_tiles,)
+    grid = (-(-sh.Nq // block_m), sh.B * sh.Hq)
     _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, o_desc, lse, sh.scale * LOG2E, sh.Hq, sh.Nq,
-                          sh.Nk, sh.group, sh.offset, n_tiles, n_m, D=sh.D, BLOCK_M=block_m,
-                          BLOCK_N=BLOCK_N, STAGES=stages, PIPELINE=pipeline, Q_TILES=tiles,
+                          sh.Nk,
+                          sh.group, sh.offset, D=sh.D, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+                          STAGES=stages,
+                          PIPELINE=pipeline, Q_TILES=tiles,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
                           CAUSAL=bool(sh.is_causal), num_warps=4 if pingpong else 8)
     return (o, lse) if return_lse else o

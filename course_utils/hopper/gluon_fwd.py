@@ -199,8 +199,8 @@ if GLUON_AVAILABLE:
                   o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk,
                   C: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
-        128 rows) or, with ``PINGPONG``, two (4 warps, 64 rows each) that take turns on
-        the tensor cores through the ``turn`` barriers."""
+        128 rows) or, with ``PINGPONG``, two or three (4 warps, 64 rows each) that take
+        turns on the tensor cores through the ``turn`` barriers."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]

@@ -15,7 +15,6 @@ Every variant's output is checked against SDPA before it is timed (relative erro
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -28,13 +27,6 @@ from course_utils.bench import common  # noqa: E402
 
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
            (64, 64, 4, 2)]
-
-
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _launch(mod, new, q, k, v, causal, cfg, ws=False):
@@ -64,16 +56,6 @@ def triton_cdiv(a, b):
     return -(-a // b)
 
 
-def _sdpa(backend, q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = getattr(SDPBackend, backend)
-
-    def run():
-        with sdpa_kernel([be]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default=None, help="an older triton_attention.py")
@@ -89,7 +71,7 @@ def main(argv=None):
     mods = {"off": [("new", cur, True, False)], "on": [("new+ws", cur, True, True)],
             "both": [("new", cur, True, False), ("new+ws", cur, True, True)]}[args.ws]
     if args.baseline:
-        mods.insert(0, ("old", _load(args.baseline, "old_triton_attention"), False, False))
+        mods.insert(0, ("old", common.load_file(args.baseline, "old_triton_attention"), False, False))
     configs = CONFIGS if not args.configs else [
         tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -101,10 +83,10 @@ def main(argv=None):
                 q, k, v = (torch.randn(4, 32, n, d, device="cuda", dtype=dtype, generator=g)
                            for _ in range(3))
                 flops = common.attention_flops(4, 32, n, n, d, causal)
-                ref = _sdpa("FLASH_ATTENTION", q, k, v, causal)()
+                ref = common.sdpa("FLASH_ATTENTION", q, k, v, causal)()
                 base = {}
                 for be in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
-                    ms = common.time_ms(_sdpa(be, q, k, v, causal), warmup=25, rep=100)
+                    ms = common.time_ms(common.sdpa(be, q, k, v, causal), warmup=25, rep=100)
                     base[be] = flops / ms * 1e-9
                 for label, mod, new, ws in mods:
                     for cfg in configs:

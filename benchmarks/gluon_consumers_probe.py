@@ -21,10 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from course_utils import device  # noqa: E402
+from course_utils.attention import naive_attention  # noqa: E402
 from course_utils.bench import common  # noqa: E402
 from course_utils.hopper.gluon_fwd import attention_gluon  # noqa: E402
 
@@ -36,29 +35,6 @@ VARIANTS = {
     "pp3_s3": dict(pingpong=True, consumers=3, stages=3),
     "pp3_s2_r168": dict(pingpong=True, consumers=3, stages=2, consumer_regs=168),
 }
-
-
-def reference(q, k, v, causal, lower_right):
-    g = q.shape[1] // k.shape[1]
-    k, v = (x.repeat_interleave(g, dim=1).float() for x in (k, v))
-    q = q.float()
-    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    if causal:
-        nq, nk = q.shape[2], k.shape[2]
-        i = torch.arange(nq, device=q.device)[:, None]
-        j = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (nk - nq if lower_right else 0), float("-inf"))
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    return p @ v
-
-
-def _load(path):
-    import importlib.machinery
-    import importlib.util
-    loader = importlib.machinery.SourceFileLoader("gluon_fwd_before", str(path))
-    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(mod)
-    return mod
 
 
 def check(name, kw, d, fwd=attention_gluon):
@@ -74,7 +50,8 @@ def check(name, kw, d, fwd=attention_gluon):
         v = torch.randn(1, hkv, nk, d, device=device.DEVICE, dtype=torch.float16, generator=gen)
         extra = {"alignment": align} if causal else {}
         o = fwd(q, k, v, is_causal=causal, enable_gqa=True, **extra, **kw)
-        ref = reference(q, k, v, causal, align == "causal_lower_right")
+        ref = naive_attention(q.float(), k.float(), v.float(), is_causal=causal, alignment=align,
+                              enable_gqa=True)
         err = float((o.float() - ref).abs().max())
         if not err < 1e-2:
             bad.append(f"Nq={nq} Nk={nk} causal={causal} {align}: max |error| {err:.3g}")
@@ -90,7 +67,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     runs = {name: (attention_gluon, VARIANTS[name]) for name in a.variants.split(",")}
     if a.baseline:
-        old = _load(a.baseline).attention_gluon
+        old = common.load_file(a.baseline, "gluon_fwd_before").attention_gluon
         runs = {**{f"before_{n}": (old, VARIANTS[n]) for n in ("pp2_s2", "pp2_s3")}, **runs}
     if not device.needs("hopper"):
         return 0
@@ -116,13 +93,7 @@ def main(argv=None):
                                        generator=gen) for _ in range(3))
                 flops = common.attention_flops(b, h, n, n, d, causal)
                 row = {"d": d, "n": n, "causal": causal}
-                fns = {}
-                for be, key in ((SDPBackend.FLASH_ATTENTION, "flash"),
-                                (SDPBackend.CUDNN_ATTENTION, "cudnn")):
-                    def sdpa(be=be):
-                        with sdpa_kernel([be]):
-                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                    fns[key] = sdpa
+                fns = {key: common.sdpa(key, q, k, v, causal) for key in ("flash", "cudnn")}
                 for name, (fwd, kw) in runs.items():
                     if ok[(name, d)]:
                         fns[name] = (lambda fwd=fwd, kw=kw: fwd(q, k, v, is_causal=causal, **kw))

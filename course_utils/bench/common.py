@@ -52,6 +52,30 @@ def time_ms(fn, warmup: int = 10, rep: int = 50) -> float:
     return times[len(times) // 2]
 
 
+def sdpa(backend: str, q, k, v, causal: bool):
+    """A zero-argument callable running SDPA with one back end: ``"flash"`` or
+    ``"cudnn"`` (or a ``torch.nn.attention.SDPBackend`` member's name)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = getattr(SDPBackend, {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}.get(
+        backend, backend))
+
+    def run():
+        with sdpa_kernel([be]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def load_file(path, name: str):
+    """A module from a source file outside the package (an older copy of a kernel,
+    compared with the current one in the same run); any file name."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(mod)
+    return mod
+
+
 def attention_flops(b, h, nq, nk, d, causal, mode="fwd") -> float:
     """FLOPs of attention as the FlashAttention papers count them: 2 matmuls of
     2*Nq*Nk*d each in the forward (halved when causal), 2.5x that for the backward."""

@@ -53,21 +53,11 @@ def _ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
-def _sdpa(backend, q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-
-    def run():
-        with sdpa_kernel([be]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
-
-
 def _fwd_fn(name, q, k, v, causal):
     """A zero-argument callable for provider ``name``, or a string saying why it does not
     apply to this point."""
     if name in ("flash", "cudnn"):
-        return _sdpa(name, q, k, v, causal)
+        return common.sdpa(name, q, k, v, causal)
     why = undeclared(name, causal, q.shape[-1], q.shape[2], q.dtype, q.shape[1])
     if why:
         return why

@@ -877,6 +877,106 @@ def test_sandbox_levels(level, tiny, tmp_path):
         # the one that cleared its environment is what this level cannot catch
 
 
+KERNEL_PROBE = r"""
+import json, os, sys
+def kind(fd):
+    try:
+        t = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "gone"
+    return t.split(":")[0] if ":" in t and not t.startswith("/") else t
+print(json.dumps({
+    "env": {k: v for k, v in os.environ.items() if k not in ("COURSE_GRADE_RUN", "JPY_PARENT_PID")},
+    "cwd": os.getcwd(), "path": sys.path, "argv0": os.path.basename(sys.argv[0]),
+    "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "fds": sorted(kind(fd) for fd in os.listdir("/proc/self/fd")),
+    "modules": sorted(m for m in sys.modules if m.split(".")[0] == "course_utils")}))
+"""
+
+
+def _kernel_view(box, job):
+    (job / "work").mkdir(parents=True)
+    nb = job / "probe.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(KERNEL_PROBE)]), nb)
+    runner = box.stage / "course_utils" / "grading" / "runner.py"
+    assert box.run(job, [runner, nb, job / "run.json", "--cwd", job / "work", "--cell-timeout",
+                         "60", "--timeout", "120"], job / "work", job / "runner.log", 180)
+    run = json.loads((job / "run.json").read_text())
+    view = json.loads(run["cells"][0]["stdout"])
+    # the same run elsewhere: its own folder replaced by a name
+    return run["kernels"], json.loads(json.dumps(view).replace(str(job.resolve()), "JOB"))
+
+
+@pytest.mark.skipif(not sandbox.warm_starts_possible(ISOLATION),
+                    reason="warm starts need the namespaces")
+def test_warm_kernels_see_what_a_fresh_kernel_sees(tiny, tmp_path, monkeypatch):
+    """A kernel forked from the class's warm process has the environment, folder, import
+    path and open files a fresh kernel has, in a pid namespace of its own (it sees its
+    run's processes only, never the warm process), and imports the course afresh."""
+    views = {}
+    for warm in (True, False):
+        monkeypatch.setenv("COURSE_GRADE_WARM", "1" if warm else "0")
+        scratch = tmp_path / f"scratch-{warm}"
+        scratch.mkdir()
+        with sandbox.Sandbox(scratch, [ROOT, tiny], ISOLATION) as box:
+            kernels, views[warm] = _kernel_view(box, scratch / "jobs" / "a")
+            assert kernels == ({"warm": 1, "cold": 0} if warm else {"warm": 0, "cold": 1})
+            assert (box.warm_runs, box.cold_runs) == ((1, 0) if warm else (0, 1))
+            if warm:
+                stage = str(box.stage)
+        views[warm] = json.loads(json.dumps(views[warm]).replace(str(scratch.resolve()), "S"))
+    warm, cold = views[True], views[False]
+    assert warm["env"] == cold["env"] and warm["cwd"] == cold["cwd"] == "JOB/work"
+    assert warm["path"] == cold["path"] and stage.replace(str(tmp_path / "scratch-True"), "S") \
+        in warm["path"]
+    assert warm["argv0"] == cold["argv0"] == "ipykernel_launcher.py"
+    assert warm["fds"] == cold["fds"], (warm["fds"], cold["fds"])
+    assert warm["modules"] == cold["modules"] == []
+    # pid 1 is the runner, then its kernel (and whatever the kernel started): nothing else
+    assert warm["processes"][0] == 1 and len(warm["processes"]) <= len(cold["processes"]) + 1
+
+
+@pytest.mark.skipif(not sandbox.warm_starts_possible(ISOLATION),
+                    reason="warm starts need the namespaces")
+def test_runs_start_fresh_when_the_warm_process_is_gone(tiny, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with sandbox.Sandbox(scratch, [ROOT, tiny], ISOLATION) as box:
+        _kernel_view(box, scratch / "jobs" / "a")
+        warm = box._warm.proc
+        assert (box.warm_runs, box.cold_runs) == (1, 0) and warm.poll() is None
+        warm.kill()
+        warm.wait(timeout=30)
+        kernels, view = _kernel_view(box, scratch / "jobs" / "b")
+        assert kernels == {"warm": 0, "cold": 1} and (box.warm_runs, box.cold_runs) == (1, 1)
+        assert view["cwd"] == "JOB/work"
+    token = box.token
+    assert not sandbox.marked_processes({token})
+
+
+@pytest.mark.skipif(not sandbox.warm_starts_possible(ISOLATION),
+                    reason="warm starts need the namespaces")
+def test_the_warm_process_ends_with_its_class(tiny, tmp_path):
+    subs = tmp_path / "subs"
+    H.make_class(tiny, subs, names={"honest"})
+    seen = []
+    real = sandbox.Sandbox.close
+
+    def close(box):
+        seen.append((box.token, box.warm_runs, box.cold_runs))
+        real(box)
+    try:
+        sandbox.Sandbox.close = close
+        res = grader.grade(H.NAME, subs, tmp_path / "out", workers=1,
+                           cell_timeout=CELL_TIMEOUT, timeout=120, root=tiny)
+    finally:
+        sandbox.Sandbox.close = real
+    assert res.scores() == {"honest": 4}
+    [(token, warm, cold)] = seen
+    assert (warm, cold) == (4, 0)      # the official solution's two runs, then the student's
+    assert not sandbox.marked_processes({token})
+
+
 def test_sandbox_refuses_what_is_missing(monkeypatch):
     with pytest.raises(sandbox.SandboxError, match="isolation"):
         sandbox.detect("chroot")

@@ -745,7 +745,7 @@ def grade(assignment, submissions_path, out_dir, *, workers: int = 2, cell_timeo
                 raise
     finally:
         if box is not None:
-            box.kill_all()
+            box.close()
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.monotonic() - t_start
     result = ClassResult(tpl.name, out_dir, dict(sorted(results.items())),

@@ -13,6 +13,10 @@ recorded as not run), keeps at most a few kilobytes of each cell's printed
 output, keeps each cell's error, and collects the grading records the kernel
 publishes (see :mod:`course_utils.grading.kernel_side`). The result is JSON,
 written atomically. Nothing here judges an answer.
+
+Started by ``warm.py`` instead (``main(..., warm=True)``), this process already holds
+PyTorch and the Jupyter kernel in memory, so it forks its kernel from itself rather
+than starting a fresh Python (:func:`_prefork_kernel`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,6 +115,137 @@ def _responsive(client, wait=5) -> bool:
 
 START_TRIES = 3           # a kernel that dies before it answers is started again
 
+# how this process's kernels were started: forked from this process, or a fresh Python
+_STARTS = {"warm": 0, "cold": 0}
+
+
+class _ForkedKernel:
+    """The part of :class:`subprocess.Popen` that jupyter_client uses to keep a kernel it
+    started, for a kernel forked from this process."""
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid):
+        self.pid, self.returncode = pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(["kernel"], timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+
+def _prefork_kernel():
+    """Fork, while this process is still single-threaded and has no event loop, a child
+    that waits for its kernel's command, environment and folder, then becomes that
+    kernel in-process. ``(pid, pipe)``: write the request into ``pipe`` and close it;
+    closing it unwritten lets the child go."""
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()    # a process group of its own, as jupyter_client starts kernels
+            os.close(w)
+            os.close(ready_r)
+            os.write(ready_w, b"1")
+            os.close(ready_w)
+            data = b""
+            while True:
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+            os.close(r)
+            if data:
+                _become_kernel(json.loads(data))
+        except BaseException:  # noqa: BLE001 - the runner sees a kernel that died
+            pass
+        os._exit(0)
+    os.close(r)
+    os.close(ready_w)
+    os.read(ready_r, 1)       # the child is in its own session now: its group is its pid
+    os.close(ready_r)
+    return pid, w
+
+
+def _become_kernel(req):
+    """In the forked child: the kernel jupyter_client asked for, in the folder and
+    environment it asked for (``python -m ipykernel_launcher ARGS`` without a new
+    Python). Never returns."""
+    import importlib.util
+    cmd = req["cmd"]
+    args = cmd[cmd.index("ipykernel_launcher") + 1:]
+    if req["cwd"]:
+        os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    tempfile.tempdir = None
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd, keep in enumerate(req["inherit"]):
+        if not keep:
+            os.dup2(null, fd)
+    os.closerange(3, 1 << 20)
+    # the launcher's path without the folder it started in (ipykernel_launcher drops it)
+    sys.path[:] = sys.path[1:]
+    sys.argv = [importlib.util.find_spec("ipykernel_launcher").origin] + args
+    from ipykernel import kernelapp
+    kernelapp.launch_new_instance(argv=args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _is_devnull(f) -> bool:
+    return f == subprocess.DEVNULL or getattr(f, "name", None) == os.devnull
+
+
+def _use_warm_kernels(waiting):
+    """Start kernels from the forked children in ``waiting`` (one each) instead of a fresh
+    Python, for as long as there are any; then as jupyter_client always does."""
+    import jupyter_client.provisioning.local_provisioner as lp
+    cold = lp.launch_kernel
+
+    def launch(cmd, stdin=None, stdout=None, stderr=None, env=None, independent=False,
+               cwd=None, **kw):
+        stdio = (stdin, stdout, stderr)
+        if not waiting or "ipykernel_launcher" not in cmd or independent or kw or \
+                not all(f is None or _is_devnull(f) for f in stdio):
+            _STARTS["cold"] += 1
+            return cold(cmd, stdin=stdin, stdout=stdout, stderr=stderr, env=env,
+                        independent=independent, cwd=cwd, **kw)
+        pid, pipe = waiting.pop()
+        req = {"cmd": [str(c) for c in cmd], "env": dict(os.environ if env is None else env),
+               "cwd": str(cwd) if cwd else None, "inherit": [f is None for f in stdio]}
+        with os.fdopen(pipe, "wb") as f:
+            f.write(json.dumps(req).encode())
+        _STARTS["warm"] += 1
+        return _ForkedKernel(pid)
+    lp.launch_kernel = launch
+
 
 class _StartFailed(RuntimeError):
     """The kernel did not come up (no student code has run yet)."""
@@ -179,7 +315,7 @@ def _run_once(nb, result_path, cwd, cell_timeout, timeout, start, sock_dir):
             client._cleanup_kernel()
         raise _StartFailed(str(e)) from e
     result = {"outcome": outcome, "seconds": round(time.monotonic() - start, 3),
-              "cells": client.cells_info}
+              "cells": client.cells_info, "kernels": dict(_STARTS)}
     write_atomic(Path(result_path), json.dumps(result))
     try:
         pid_file.unlink()
@@ -301,12 +437,17 @@ def run_nbval(nb_path, result_path, cwd, cell_timeout=60.0, junit=None):
                     if isinstance(rec, dict):
                         records.append(rec)
     result = {"outcome": "completed" if root is not None else "no report", "pytest_exit": rc,
-              "seconds": round(time.monotonic() - start, 3), "cells": cells, "records": records}
+              "seconds": round(time.monotonic() - start, 3), "cells": cells, "records": records,
+              "kernels": dict(_STARTS)}
     write_atomic(result_path, json.dumps(result))
     return result
 
 
-def main(argv=None):
+def main(argv=None, warm=False):
+    """``warm``: this process already holds the kernel's imports (``warm.py``), so its
+    kernel is forked from it."""
+    waiting = [_prefork_kernel()] if warm else []
+    _use_warm_kernels(waiting)
     ap = argparse.ArgumentParser(prog="runner.py")
     ap.add_argument("notebook")
     ap.add_argument("result")

@@ -23,6 +23,11 @@ reported, never assumed (the score table's ``isolation`` says which was in force
 The kernel imports ``course_utils`` from a private staged copy of the package
 (no ``solutions/``, ``tests/`` or other file of the checkout), never from the
 checkout.
+
+Where the namespaces are in force, each run is forked from one warm process per class
+(``warm.py``) that has imported PyTorch and the Jupyter machinery once, instead of
+starting two fresh Pythons; it enters the same sandbox. ``COURSE_GRADE_WARM=0`` turns
+that off.
 """
 from __future__ import annotations
 
@@ -31,12 +36,15 @@ import contextlib
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,6 +204,9 @@ class Sandbox:
         self.cpu = int(cpu_seconds)
         self._live = {}                     # pid -> marker token of each run in progress
         self._lock = threading.Lock()
+        self.token = secrets.token_hex(12)  # the warm process's marker
+        self._warm = _WarmParent(self) if warm_starts_possible(isolation) else None
+        self.warm_runs = self.cold_runs = 0
 
     def _limits(self):
         lim = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": 2**30, "RLIMIT_CPU": self.cpu,
@@ -207,14 +218,8 @@ class Sandbox:
         lim["RLIMIT_NPROC"] = _nproc_in_use() + 256
         return lim
 
-    def command(self, job_dir: Path, argv: list, cwd: Path):
-        """``(cmd, token)``: start ``argv`` (run by the sandbox's Python) in the sandbox."""
-        job_dir = Path(job_dir).resolve()
-        token = secrets.token_hex(12)
-        home = job_dir / "home"
-        for d in ("home", "tmp"):
-            (job_dir / d).mkdir(exist_ok=True)
-        tmp = "/tmp" if self.isolation.namespaces else str(job_dir / "tmp")
+    def _env(self, home: Path, tmp: str, token: str) -> dict:
+        """A run's whole environment: its own home, IPython, Jupyter and cache folders."""
         env = {"PATH": os.pathsep.join([str(Path(self.python).parent), "/usr/local/bin",
                                         "/usr/bin", "/bin"]),
                "HOME": str(home), "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8",
@@ -225,12 +230,26 @@ class Sandbox:
                "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_ALLOW_INSECURE_WRITES": "1",
                "MPLCONFIGDIR": str(home / ".matplotlib"), "MPLBACKEND": "Agg",
                "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
-               "TRITON_CACHE_DIR": str(home / ".triton"), "PYTHONPATH": os.pathsep.join([str(self.stage)] + self.libraries),
+               "TRITON_CACHE_DIR": str(home / ".triton"),
+               "PYTHONPATH": os.pathsep.join([str(self.stage)] + self.libraries),
                "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
                MARKER: token}
         env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
+        return env
+
+    def command(self, job_dir: Path, argv: list, cwd: Path, log: Path | None = None):
+        """``(cmd, token)``: start ``argv`` (run by the sandbox's Python) in the sandbox;
+        its configuration is ``job_dir/sandbox.json`` (``log``: where a warm start sends
+        the run's output)."""
+        job_dir = Path(job_dir).resolve()
+        token = secrets.token_hex(12)
+        home = job_dir / "home"
+        for d in ("home", "tmp"):
+            (job_dir / d).mkdir(exist_ok=True)
+        tmp = "/tmp" if self.isolation.namespaces else str(job_dir / "tmp")
+        env = self._env(home, tmp, token)
         cfg = {"namespaces": self.isolation.namespaces, "hide": self.hide,
                "keep": [[p, False] for p in self.readable] + [[str(job_dir), True]],
                "landlock": bool(self.isolation.landlock),
@@ -239,7 +258,8 @@ class Sandbox:
                "landlock_rw": [str(job_dir), "/dev"] + (["/tmp"] if self.isolation.namespaces
                                                          else []),
                "rlimits": self._limits(), "cwd": str(cwd), "env": env,
-               "argv": [self.python] + [str(a) for a in argv]}
+               "argv": [self.python] + [str(a) for a in argv],
+               "log": str(log) if log is not None else os.devnull}
         cfg_path = job_dir / "sandbox.json"
         cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
         entry = self.stage / "course_utils" / "grading" / "sandbox_exec.py"
@@ -250,7 +270,13 @@ class Sandbox:
     def run(self, job_dir: Path, argv: list, cwd: Path, log: Path, wall: float) -> bool:
         """Run ``argv`` in the sandbox and wait; kill everything it started at the end
         (or at ``wall`` seconds). Returns False when it had to be killed."""
-        cmd, token = self.command(job_dir, argv, cwd)
+        cmd, token = self.command(job_dir, argv, cwd, log)
+        pid = self._warm.start(Path(job_dir).resolve() / "sandbox.json") \
+            if self._warm is not None else None
+        if pid is not None:
+            self.warm_runs += 1
+            return self._wait_warm(pid, token, wall)
+        self.cold_runs += 1
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -272,6 +298,31 @@ class Sandbox:
                 self._live.pop(proc.pid, None)
         return finished
 
+    def _wait_warm(self, pid: int, token: str, wall: float) -> bool:
+        """Wait for a run forked by the warm process (not this process's child: its exit
+        is watched through a pidfd, and the warm process collects it only when told,
+        so its pid and process group stay this run's until then)."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            fd = None
+        with self._lock:
+            self._live[pid] = token
+        finished = True
+        try:
+            finished = _exited(fd, wall)
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            _exited(fd, 30)
+            sweep(token)
+            if fd is not None:
+                os.close(fd)
+            self._warm.reap(pid)
+            with self._lock:
+                self._live.pop(pid, None)
+        return finished
+
     def kill_all(self):
         """Stop every run still in progress (after an interruption) and all it started."""
         with self._lock:
@@ -280,6 +331,125 @@ class Sandbox:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
             sweep(token)
+
+    def close(self):
+        """Stop every run and the warm process."""
+        self.kill_all()
+        if self._warm is not None:
+            self._warm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _exited(fd, seconds: float) -> bool:
+    """Wait up to ``seconds`` for the process behind pidfd ``fd`` to end."""
+    if fd is None:
+        return True
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        try:
+            if p.poll(max(0, int(left * 1000))):
+                return True
+        except InterruptedError:
+            continue
+        if left <= 0:
+            return False
+
+
+def warm_starts_possible(isolation: Isolation) -> bool:
+    """Runs are forked from a warm process only inside namespaces (their pid namespace
+    holds everything a run starts), where pidfds let the grader watch a run it did not
+    start, and unless ``COURSE_GRADE_WARM=0``."""
+    return bool(isolation.namespaces and hasattr(os, "pidfd_open")
+                and os.environ.get("COURSE_GRADE_WARM", "1") != "0")
+
+
+class _WarmParent:
+    """The grader's end of ``warm.py``, started at the first run that asks for it. Any
+    trouble with it (it did not start, died, answered nonsense) turns it off for the rest
+    of the class: the runs then start fresh, as they would without it."""
+
+    START_SECONDS = 300      # its imports, on a loaded machine
+    ANSWER_SECONDS = 60
+
+    def __init__(self, box: "Sandbox"):
+        self.top = box.scratch / "warm"
+        self.argv = [box.python, str(box.stage / "course_utils" / "grading" / "warm.py")]
+        # the environment every run of the class shares (a run's own comes after the fork)
+        self.env = box._env(self.top / "home", "/tmp", box.token)
+        self.proc = self.sock = self.lines = None
+        self.ready = False
+        self.dead = False
+        self._lock = threading.Lock()
+        weakref.finalize(box, _WarmParent.close, self)
+
+    def _start(self):
+        (self.top / "home").mkdir(parents=True, exist_ok=True)
+        (self.top / "work").mkdir(exist_ok=True)
+        mine, theirs = socket.socketpair()
+        with open(self.top / "warm.log", "wb") as out:
+            self.proc = subprocess.Popen(
+                self.argv + [str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=self.top / "work", env=self.env, start_new_session=True)
+        theirs.close()
+        self.sock, self.lines = mine, mine.makefile("rb")
+        self._answer(self.START_SECONDS, "ready")
+        self.ready = True
+
+    def _answer(self, seconds, expect=None) -> str:
+        self.sock.settimeout(seconds)
+        line = self.lines.readline().decode("utf-8", "replace").strip()
+        if not line or (expect is not None and line != expect):
+            raise OSError(f"the warm process answered {line!r}")
+        return line
+
+    def start(self, config: Path) -> int | None:
+        """Fork a run with this configuration; its pid, or None (start it fresh)."""
+        with self._lock:
+            if self.dead:
+                return None
+            try:
+                if not self.ready:
+                    self._start()
+                self.sock.sendall(f"run {config}\n".encode())
+                answer = self._answer(self.ANSWER_SECONDS)
+                if not answer.isdigit():
+                    raise OSError(f"the warm process could not fork: {answer}")
+                return int(answer)
+            except (OSError, ValueError):
+                self._stop()
+                return None
+
+    def reap(self, pid: int):
+        with self._lock:
+            if not self.dead:
+                try:
+                    self.sock.sendall(f"reap {pid}\n".encode())
+                except OSError:
+                    self._stop()
+
+    def _stop(self):
+        self.dead = True
+        for f in (self.lines, self.sock):
+            with contextlib.suppress(Exception):
+                f.close()
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=30)
+
+    def close(self):
+        with self._lock:
+            self._stop()
 
 
 def sweep(token: str, passes: int = 5) -> list:

@@ -165,10 +165,52 @@ def landlock(read_only, read_write):
     return abi
 
 
-def main(config_path):
-    with open(config_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    os.unlink(config_path)
+# ------------------------------------------------------------------ namespaces, from inside
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = \
+    0x00020000, 0x10000000, 0x20000000, 0x40000000
+_PR_SET_PDEATHSIG = 1
+MS_NOEXEC = 8
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def enter_namespaces():
+    """For a process that is already running (a warm start, see ``warm.py``), what
+    ``unshare --user --map-root-user --pid --fork --kill-child --mount --mount-proc --net``
+    does for a command: fresh user, mount, pid and network namespaces with root in them
+    mapped to this user, then a fork. The parent stays outside the new pid namespace,
+    waits for the child and exits with its status: it never returns. The child returns
+    as the first process of the new pid namespace, with ``/proc`` showing only that
+    namespace; it (and with it everything in the namespace) is killed when the parent
+    dies."""
+    uid, gid = os.getuid(), os.getgid()
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+    pid = os.fork()
+    if pid:
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    if _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0) != 0:      # SIGKILL when the parent dies
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def prepare(cfg):
+    """Steps 1-3 and the change of folder: everything but becoming the command."""
     if cfg.get("namespaces"):
         hide_and_bind(cfg["hide"], [(p, bool(w)) for p, w in cfg["keep"]])
         loopback_up()
@@ -176,6 +218,13 @@ def main(config_path):
     if cfg.get("landlock"):
         landlock(cfg["landlock_ro"], cfg["landlock_rw"])
     os.chdir(cfg["cwd"])
+
+
+def main(config_path):
+    with open(config_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    os.unlink(config_path)
+    prepare(cfg)
     argv = cfg["argv"]
     os.execve(argv[0], argv, cfg["env"])
 

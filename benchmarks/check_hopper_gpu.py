@@ -6,7 +6,8 @@ of ``course_utils.hopper`` (the TMA forward, the Gluon forward, the FP8 forward)
 cases its record in :mod:`course_utils.contract` declares (dtypes, head dims, causal
 settings, GQA, strided layouts, crossed pairwise with the real sizes below) and with
 each of its schedule options (warp specialisation; serial, pipelined and ping-pong
-consumers with 2 or 3 K/V slots; FP8 with and without the Hadamard rotation). Each
+consumers with 2 or 3 K/V slots; FP8 with and without the Hadamard rotation, in the
+Gluon kernel where it applies and in the plain Triton one). Each
 output is compared with the float32 reference (relative error of ``o``, largest error
 of the log-sum-exp); the script exits non-zero if anything is wrong. ``--list`` prints
 the cases without running them (no GPU needed).
@@ -41,7 +42,9 @@ VARIANTS = {
     "tma": [dict(warp_specialize=False), dict(warp_specialize=True)],
     "gluon": [dict(pipeline=p, stages=s) for p in (False, True) for s in (2, 3)]
     + [dict(pingpong=True, stages=s) for s in (2, 3)],
-    "fp8": [dict(hadamard=False), dict(hadamard=True)],
+    # FP8: the default kernel (on sm90 the Gluon ping-pong kernel where it applies), with
+    # and without the rotation, and the plain Triton kernel
+    "fp8": [dict(hadamard=False), dict(hadamard=True), dict(hadamard=False, kernel="triton")],
 }
 # relative error of o, largest |lse error|: 16-bit kernels by dtype; FP8 by its e4m3
 # rounding (3 mantissa bits: about 5.4e-2 measured at N >= 4096 on the H100, up to 8e-2

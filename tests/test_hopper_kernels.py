@@ -1,10 +1,13 @@
 """Lesson 8 kernels: the cases each Hopper kernel's record declares (the ones
 ``benchmarks/check_hopper_gpu.py`` runs at real sizes), in Triton's interpreter at tiny
 sizes on a CPU and at real sizes on an sm90 GPU, where the Gluon kernel runs too."""
+import itertools
+
 import pytest
 import torch
 
 from course_utils import device
+from course_utils.attention import naive_attention
 from course_utils.hopper import fp8, gluon_fwd, triton_fwd
 from tests.bench_scripts import load
 
@@ -133,3 +136,137 @@ def test_table_suite_rows_are_consistent(capsys):
                 if name not in ("flash", "cudnn") and r.get(name) and r.get(base):
                     assert r[f"{name}_x_{base}"] == pytest.approx(r[name] / r[base])
         assert r["cudnn"] and r["flash"] and r["triton"]
+
+
+# --------------------------------------------------------------- FP8 in the Gluon kernel
+def _prep(d=64, nq=100, nk=70, hq=2, hkv=1, **kw):
+    q, k, v = _qkv(1, hq, hkv, nq, nk, d)
+    return fp8.prepare_fp8(q, k, v, **kw)
+
+
+def test_fp8_gluon_path_refuses_bad_arguments_before_launch():
+    # checked on any machine: sizes and options first, the GPU last
+    with pytest.raises(ValueError, match="kernel must be"):
+        _prep(kernel="cuda")
+    for bad in (dict(d=32), dict(block_m=64), dict(block_n=32)):
+        with pytest.raises(ValueError, match="Gluon FP8 kernel takes"):
+            _prep(**{"block_m": 128, "block_n": 128, "kernel": "gluon", **bad})
+    plain = _prep(block_m=128, block_n=128, kernel="triton")
+    prep = _prep(block_m=128, block_n=128, kernel="gluon")
+    with pytest.raises(ValueError, match="quantised for the 'triton' kernel"):
+        fp8.attention_fp8_prepared(plain, kernel="gluon")
+    with pytest.raises(ValueError, match="quantised for the 'triton' kernel"):
+        gluon_fwd.attention_gluon_fp8(plain)
+    with pytest.raises(ValueError, match="kernel must be"):
+        fp8.attention_fp8_prepared(prep, kernel="gluon8")
+    with pytest.raises(ValueError, match="num_warps is the Triton kernel's"):
+        fp8.attention_fp8_prepared(prep, num_warps=8)
+    q, k, v = _qkv(1, 2, 2, 40, 40, 64)
+    with pytest.raises(ValueError, match="kernel must be"):
+        fp8.attention_fp8(q, k, v, kernel="fast")
+    # what prepare_fp8 returns, and nothing else
+    with pytest.raises(TypeError, match="the dict prepare_fp8 returns"):
+        gluon_fwd.attention_gluon_fp8({k: v for k, v in prep.items() if k != "vs"})
+    with pytest.raises(TypeError, match="prep\\['k8'\\] must be a 4-D"):
+        gluon_fwd.attention_gluon_fp8({**prep, "k8": prep["k8"].half()})
+    with pytest.raises(ValueError, match="prep\\['ks'\\] has shape"):
+        gluon_fwd.attention_gluon_fp8({**prep, "ks": prep["ks"][..., :0].contiguous()})
+    with pytest.raises(ValueError, match="do not match its padded rows"):
+        gluon_fwd.attention_gluon_fp8({**prep, "Nq": 300})
+    with pytest.raises(ValueError, match="stages must be"):
+        gluon_fwd.attention_gluon_fp8(prep, stages=0)
+    with pytest.raises(TypeError, match="pingpong must be"):
+        gluon_fwd.attention_gluon_fp8(prep, pingpong="yes")
+    with pytest.raises(TypeError, match="out_dtype"):
+        gluon_fwd.attention_gluon_fp8(prep, out_dtype=torch.float32)
+    with pytest.raises(TypeError, match="is_causal"):
+        gluon_fwd.attention_gluon_fp8(prep, is_causal=1)
+    # the kernel folds the scale into the row max: positive scales only, as the contract
+    for bad in (-0.2, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="scale must be a positive"):
+            fp8.attention_fp8_prepared(prep, scale=bad)
+    if not device.IS_HOPPER:
+        with pytest.raises(RuntimeError, match="sm90"):
+            gluon_fwd.attention_gluon_fp8(prep)
+        # off Hopper the default is the Triton kernel, in the plain key order
+        assert fp8.prepare_fp8(q, k, v)["kernel"] == "triton"
+
+
+def test_v_key_order_is_the_operand_order_of_p():
+    order = fp8.v_key_order(64)
+    assert sorted(order.tolist()) == list(range(64))
+    # the register of thread t (its place in a quad) that holds key 16 b1 + 8 b0 + 2 t + e
+    # in S's accumulator is the operand's column 16 b1 + 4 t + 2 b0 + e
+    for b1, b0, t, e in itertools.product(range(2), range(2), range(4), range(2)):
+        assert order[32 + 16 * b1 + 4 * t + 2 * b0 + e] == 32 + 16 * b1 + 8 * b0 + 2 * t + e
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp8.v_key_order(48)
+    # prepare_fp8 stores V^T in that order; P with its columns renumbered the same way
+    # gives the same P V (exactly: e4m3 values times small integers, summed in float64)
+    prep = _prep(nk=200, block_m=128, block_n=64, kernel="gluon")
+    plain = _prep(nk=200, block_m=128, block_n=64, kernel="triton")
+    order = fp8.v_key_order(256)
+    assert torch.equal(prep["vt8"].float(), plain["vt8"].float()[..., order])
+    p = torch.randint(0, 4, (5, 256)).double()
+    assert torch.equal(p[:, order] @ prep["vt8"][0, 0].double().T,
+                       p @ plain["vt8"][0, 0].double().T)
+
+
+def _poison(*like):
+    # NaN in the caching allocator's next blocks of these sizes: an output the kernel
+    # leaves unwritten stays NaN; returns the addresses, to show the outputs landed there
+    blocks = [torch.full(shape, float("nan"), dtype=dt, device=DEV) for shape, dt in like]
+    ptrs = [b.data_ptr() for b in blocks]
+    del blocks
+    return ptrs
+
+
+def _random_fp8_sizes(seed, n=6):
+    """(B, Hq, Hkv, Nq, Nk, D, causal): lengths from 1 to 1100 (mostly off a multiple of
+    the 128-row tile), GQA groups 1, 2, 4, both head dims, causal on and off."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        hkv, group = (int(x) for x in (torch.randint(1, 3, (1,), generator=g),
+                                       2 ** torch.randint(0, 3, (1,), generator=g)))
+        nq, nk = (int(x) for x in torch.randint(1, 1100, (2,), generator=g))
+        out.append((1 + i % 2, hkv * group, hkv, nq, nk, (64, 128)[i % 2], i % 3 != 0))
+    return out
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("opts", [dict(), dict(stages=3), dict(pingpong=False),
+                                  dict(block_n=64), dict(block_n=256)],
+                         ids=["pingpong", "3-stages", "one-consumer", "block-n-64",
+                              "block-n-256"])
+def test_fp8_gluon_matches_the_reference_on_random_sizes(opts):
+    tol, lse_tol = CHECK.FP8_TOL
+    opts = dict(opts)
+    block_n = opts.pop("block_n", 128)
+    sizes = _random_fp8_sizes(seed=block_n + len(opts))
+    assert any(s[3] % 128 for s in sizes) and any(s[1] != s[2] for s in sizes)
+    for i, (b, hq, hkv, nq, nk, d, causal) in enumerate(sizes):
+        q, k, v = _qkv(b, hq, hkv, nq, nk, d, seed=i)
+        prep = fp8.prepare_fp8(q, k, v, hadamard=bool(i % 2), block_n=block_n, kernel="gluon")
+        ptrs = _poison(((b, hq, nq, d), q.dtype), ((b, hq, nq), torch.float32))
+        o, lse = gluon_fwd.attention_gluon_fp8(prep, is_causal=causal, return_lse=True, **opts)
+        ref, ref_lse = naive_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                       enable_gqa=True, return_lse=True)
+        where = f"{opts} block_n={block_n} B={b} Hq={hq} Hkv={hkv} Nq={nq} Nk={nk} D={d} " \
+                f"causal={causal}"
+        assert [o.data_ptr(), lse.data_ptr()] == ptrs, "the poisoned blocks were not reused"
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all(), where
+        assert CHECK.rel_err(o.float(), ref) < tol, where
+        assert float((lse - ref_lse).abs().max()) < lse_tol, where
+
+
+@pytest.mark.hopper
+def test_fp8_default_is_the_gluon_kernel_on_hopper_and_agrees_with_triton():
+    q, k, v = _qkv(2, 4, 2, 1000, 1000, 128, seed=3)
+    prep = fp8.prepare_fp8(q, k, v)
+    assert prep["kernel"] == "gluon"
+    for causal in (False, True):
+        o = fp8.attention_fp8_prepared(prep, is_causal=causal, out_dtype=q.dtype)
+        ref = fp8.attention_fp8(q, k, v, is_causal=causal, enable_gqa=True, kernel="triton")
+        assert CHECK.rel_err(o.float(), ref.float()) < 2e-2, causal
+

@@ -92,9 +92,11 @@ def providers():
 
 
 def _fp8_runner(q, k, v):
+    """The FP8 forward on prepared tensors (on sm90 the Gluon ping-pong kernel on e4m3
+    tiles) and the kernel's name."""
     from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
     prep = prepare_fp8(q, k, v, hadamard=True)
-    return lambda: attention_fp8_prepared(prep, out_dtype=q.dtype)
+    return (lambda: attention_fp8_prepared(prep, out_dtype=q.dtype)), prep["kernel"]
 
 
 def run_config(n, dtype, tokens, heads, names):
@@ -114,8 +116,9 @@ def run_config(n, dtype, tokens, heads, names):
             if why:
                 raise ValueError(why)
             if name == "fp8_hadamard":
-                fn = _fp8_runner(q, k, v)
-                row["what"] = "FP8 e4m3, per-block scales, Hadamard (kernel time only)"
+                fn, kernel = _fp8_runner(q, k, v)
+                row["what"] = (f"FP8 e4m3 ({kernel} kernel), per-block scales, Hadamard "
+                               "(kernel time only)")
             else:
                 f, row["what"] = table[name]
                 fn = (lambda f=f: f(q, k, v))

@@ -6,8 +6,10 @@ and cuDNN back ends measured in the same process:
 For every point (B = 4, H = 32, head dim ``d``, ``N = Nq = Nk``, causal and not):
 
 * forward: lesson 6's Triton kernel (``triton``), lesson 8's TMA kernel (``tma``), the
-  Gluon ping-pong kernel (``gluon``), the FP8 kernel (``fp8``, kernel time; its
-  quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and ``cudnn``;
+  Gluon ping-pong kernel (``gluon``), FP8 (``fp8``: on sm90 the same Gluon ping-pong
+  kernel on e4m3 tiles, elsewhere the plain Triton FP8 kernel, named in ``fp8_kernel``;
+  kernel time, its quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and
+  ``cudnn``;
 * forward + backward: those of our kernels whose record declares a backward
   (``triton``: lesson 7's kernels), SDPA ``flash`` and ``cudnn``.
 
@@ -121,6 +123,7 @@ def measure(mode, causal, d, n, dtype_name, args):
             row[f"{name}_ms"] = ms
             if name == "fp8":
                 from course_utils.hopper.fp8 import prepare_fp8
+                row["fp8_kernel"] = prepare_fp8(q, k, v, hadamard=True)["kernel"]
                 row["fp8_quant_ms"] = common.time_ms(
                     lambda: prepare_fp8(q, k, v, hadamard=True), warmup=5, rep=args.rep)
                 row["fp8_with_quant"] = flops / (ms + row["fp8_quant_ms"]) * 1e-9

@@ -21,7 +21,10 @@ scale: ``x ~= x8 * scale`` with ``scale = amax(|tile|) / 448``.
   every score; after the rotation the channel is spread over all ``D`` channels, every
   product is small, and the scores' error drops.
 
-In Triton's CPU interpreter the float32 -> fp8 casts inside the kernel do not round
+Two kernels read the prepared tensors: on an sm90 GPU the warp-specialised ping-pong
+kernel of :mod:`course_utils.hopper.gluon_fwd` in e4m3 (the default where it applies, for
+which V^T's keys are stored in :func:`v_key_order`), elsewhere the plain Triton kernel
+below. In Triton's CPU interpreter the float32 -> fp8 casts inside the kernel do not round
 exactly like the GPU, so interpreter results are compared with a looser tolerance.
 """
 from __future__ import annotations
@@ -43,10 +46,13 @@ _LN2 = tl.constexpr(LN2)
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "hadamard_matrix", "quantize_fp8_blocks",
            "dequantize_fp8_blocks", "rmse", "attention_fp8", "prepare_fp8",
-           "attention_fp8_prepared", "fp8_error_report"]
+           "attention_fp8_prepared", "check_prepared", "fp8_kernel_for", "v_key_order",
+           "fp8_error_report"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
+# K/V slots of the Gluon FP8 kernel's ring (what measured fastest on the H100)
+GLUON_FP8_STAGES = 2
 
 
 def rmse(a, b) -> float:
@@ -185,38 +191,133 @@ def _blocks(block_m, block_n):
     return bm, bn
 
 
-def prepare_fp8(q, k, v, *, hadamard=False, block_m=None, block_n=None, seed=0):
+def fp8_kernel_for(d, block_m, block_n) -> str:
+    """The faster FP8 kernel for head dim ``d`` and scale blocks ``block_m`` x ``block_n``
+    on this machine: ``"gluon"`` (lesson 8's warp-specialised ping-pong kernel in e4m3: an
+    sm90 GPU, ``d`` in {64, 128}, ``block_m`` = 128, ``block_n`` in {64, 128, 256}) or
+    ``"triton"`` (the plain kernel above: any GPU Triton compiles for, and the CPU
+    interpreter)."""
+    from course_utils.hopper import gluon_fwd
+    ok = (gluon_fwd.GLUON_AVAILABLE and device.IS_HOPPER and d in (64, 128)
+          and block_m == gluon_fwd.BLOCK_M and block_n in gluon_fwd.FP8_BLOCK_N)
+    return "gluon" if ok else "triton"
+
+
+def v_key_order(n: int) -> torch.Tensor:
+    """The order of V^T's columns for the Gluon kernel: in each group of 32 keys, column
+    ``16 b1 + 4 t + 2 b0 + e`` holds key ``16 b1 + 8 b0 + 2 t + e``, the key that the
+    register of P at that operand position holds (see ``_p_operand`` in
+    :mod:`course_utils.hopper.gluon_fwd`): P then enters the FP8 matmul from the
+    registers its softmax left it in. ``n``: a multiple of 32."""
+    if n % 32:
+        raise ValueError(f"n must be a multiple of 32, got {n}")
+    return torch.arange(n).view(n // 32, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(n)
+
+
+def prepare_fp8(q, k, v, *, hadamard=False, block_m=None, block_n=None, seed=0, kernel=None):
     """Quantise ``q, k, v`` for :func:`attention_fp8_prepared`: optional Hadamard
-    rotation of Q and K, per-block e4m3 with float32 scales, V transposed.
-    Returns a dict (what the kernel reads)."""
+    rotation of Q and K, per-block e4m3 with float32 scales, V transposed (its keys in
+    :func:`v_key_order` for ``kernel="gluon"``). ``kernel``: the kernel it is for, ``None``
+    for :func:`fp8_kernel_for`'s choice. Returns a dict (what the kernel reads)."""
     bm, bn = _blocks(block_m, block_n)
+    d = q.shape[-1]
+    if kernel is None:
+        kernel = fp8_kernel_for(d, bm, bn)
+    if kernel not in ("gluon", "triton"):
+        raise ValueError(f"kernel must be 'gluon', 'triton' or None, got {kernel!r}")
+    if kernel == "gluon" and not (d in (64, 128) and bm == 128 and bn in (64, 128, 256)):
+        raise ValueError("the Gluon FP8 kernel takes D in (64, 128), block_m=128 and block_n "
+                         f"in (64, 128, 256), got D={d}, block_m={bm}, block_n={bn}")
     if hadamard:
-        hm = hadamard_matrix(q.shape[-1], seed=seed, device_=q.device)
+        hm = hadamard_matrix(d, seed=seed, device_=q.device)
         q = (q.float() @ hm)
         k = (k.float() @ hm)
     q8, qs = quantize_fp8_blocks(q, bm)
     k8, ks = quantize_fp8_blocks(k, bn)
     v8, vs = quantize_fp8_blocks(v, bn)
-    vt8 = v8.transpose(-1, -2).contiguous()                   # (B, Hkv, D, NkPad)
+    vt8 = v8.transpose(-1, -2)                                  # (B, Hkv, D, NkPad)
+    if kernel == "gluon":
+        # v_key_order within each 32 keys, in the same copy that transposes V
+        shape = vt8.shape
+        vt8 = vt8.reshape(*shape[:3], -1, 2, 2, 4, 2).permute(0, 1, 2, 3, 4, 6, 5, 7)
+        vt8 = vt8.reshape(shape)
+    vt8 = vt8.contiguous()
     return {"q8": q8, "qs": qs.contiguous(), "k8": k8, "ks": ks.contiguous(), "vt8": vt8,
             "vs": vs.contiguous(), "block_m": bm, "block_n": bn, "Nq": q.shape[2],
-            "Nk": k.shape[2], "hadamard": hadamard}
+            "Nk": k.shape[2], "hadamard": hadamard, "kernel": kernel}
+
+
+_PREP_KEYS = ("q8", "qs", "k8", "ks", "vt8", "vs", "block_m", "block_n", "Nq", "Nk",
+              "kernel")
+
+
+def check_prepared(prep):
+    """Check that ``prep`` is what :func:`prepare_fp8` returns and return its sizes
+    ``(B, Hq, Hkv, Nq, Nk, D, NqPad, NkPad)`` (``NqPad``, ``NkPad``: each head's rows,
+    padded to whole scale blocks)."""
+    if not isinstance(prep, dict) or any(key not in prep for key in _PREP_KEYS):
+        raise TypeError(f"prep must be the dict prepare_fp8 returns (keys {_PREP_KEYS})")
+    q8, k8, vt8 = prep["q8"], prep["k8"], prep["vt8"]
+    for name, t in (("q8", q8), ("k8", k8), ("vt8", vt8)):
+        if not isinstance(t, torch.Tensor) or t.dtype != FP8_DTYPE or t.dim() != 4:
+            raise TypeError(f"prep[{name!r}] must be a 4-D {FP8_DTYPE} tensor from prepare_fp8")
+        if not t.is_contiguous():
+            raise ValueError(f"prep[{name!r}] must be contiguous, as prepare_fp8 returns it")
+    b, hq, nqpad, d = q8.shape
+    _, hkv, nkpad, _ = k8.shape
+    bm, bn, nq, nk = prep["block_m"], prep["block_n"], prep["Nq"], prep["Nk"]
+    shapes = {"k8": (k8.shape, (b, hkv, nkpad, d)), "vt8": (vt8.shape, (b, hkv, d, nkpad)),
+              "qs": (prep["qs"].shape, (b, hq, nqpad // bm)),
+              "ks": (prep["ks"].shape, (b, hkv, nkpad // bn)),
+              "vs": (prep["vs"].shape, (b, hkv, nkpad // bn))}
+    for name, (got, want) in shapes.items():
+        if tuple(got) != want:
+            raise ValueError(f"prep[{name!r}] has shape {tuple(got)}, expected {want}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"Hkv must divide Hq, got Hq={hq}, Hkv={hkv}")
+    if nqpad % bm or nkpad % bn or not (0 < nq <= nqpad < nq + bm and 0 < nk <= nkpad < nk + bn):
+        raise ValueError(f"prep's Nq={nq}, Nk={nk} do not match its padded rows {nqpad}, "
+                         f"{nkpad} in blocks of {bm}, {bn}")
+    for name in ("qs", "ks", "vs"):
+        t = prep[name]
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device != q8.device:
+            raise TypeError(f"prep[{name!r}] must be contiguous float32 scales on {q8.device}")
+    if k8.device != q8.device or vt8.device != q8.device:
+        raise ValueError("prep's tensors must be on one device")
+    return b, hq, hkv, nq, nk, d, nqpad, nkpad
 
 
 def attention_fp8_prepared(prep: dict, *, is_causal=False, scale=None, return_lse=False,
-                           out_dtype=torch.float16, num_stages=None, num_warps=None):
-    """Run the FP8 kernel on tensors from :func:`prepare_fp8` (the benchmark times this
-    alone: in a model the quantisation is fused into the previous layer)."""
-    q8, k8, vt8 = prep["q8"], prep["k8"], prep["vt8"]
-    b, hq, nqpad, d = q8.shape
-    _, hkv, nkpad, _ = k8.shape
-    nq, nk, bm, bn = prep["Nq"], prep["Nk"], prep["block_m"], prep["block_n"]
+                           out_dtype=torch.float16, num_stages=None, num_warps=None,
+                           kernel=None):
+    """Run an FP8 kernel on tensors from :func:`prepare_fp8` (the benchmark times this
+    alone: in a model the quantisation is fused into the previous layer).
+
+    ``kernel``: ``"gluon"``, ``"triton"`` or ``None``: the kernel ``prep`` was quantised
+    for (V^T's key order is the kernel's). ``num_stages``: the Triton kernel's pipeline
+    depth, or the Gluon kernel's K/V slots; ``num_warps``: the Triton kernel's only."""
+    b, hq, hkv, nq, nk, d, nqpad, nkpad = check_prepared(prep)
+    if kernel not in ("gluon", "triton", None):
+        raise ValueError(f"kernel must be 'gluon', 'triton' or None, got {kernel!r}")
+    if kernel is not None and kernel != prep["kernel"]:
+        raise ValueError(f"prep was quantised for the {prep['kernel']!r} kernel (V^T's key "
+                         f"order differs): pass kernel={kernel!r} to prepare_fp8")
+    kernel = prep["kernel"]
+    if kernel == "gluon":
+        if num_warps is not None:
+            raise ValueError("num_warps is the Triton kernel's: the Gluon kernel's warps are "
+                             "its partitions")
+        from course_utils.hopper.gluon_fwd import attention_gluon_fp8
+        return attention_gluon_fp8(prep, is_causal=is_causal, scale=scale,
+                                   return_lse=return_lse, out_dtype=out_dtype,
+                                   stages=num_stages or GLUON_FP8_STAGES)
+    bm, bn = prep["block_m"], prep["block_n"]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    o = torch.empty((b, hq, nq, d), device=q8.device, dtype=out_dtype)
-    lse = torch.empty((b, hq, nq), device=q8.device, dtype=torch.float32)
-    q_desc = TensorDescriptor.from_tensor(q8.reshape(-1, d), [bm, d])
-    k_desc = TensorDescriptor.from_tensor(k8.reshape(-1, d), [bn, d])
-    vt_desc = TensorDescriptor.from_tensor(vt8.reshape(-1, nkpad), [d, bn])
+    o = torch.empty((b, hq, nq, d), device=prep["q8"].device, dtype=out_dtype)
+    lse = torch.empty((b, hq, nq), device=prep["q8"].device, dtype=torch.float32)
+    q_desc = TensorDescriptor.from_tensor(prep["q8"].reshape(-1, d), [bm, d])
+    k_desc = TensorDescriptor.from_tensor(prep["k8"].reshape(-1, d), [bn, d])
+    vt_desc = TensorDescriptor.from_tensor(prep["vt8"].reshape(-1, nkpad), [d, bn])
     grid = (nqpad // bm, b * hq)
     _attn_fwd_fp8[grid](q_desc, k_desc, vt_desc, prep["qs"], prep["ks"], prep["vs"], o, lse,
                         scale * LOG2E, hq, nq, nk, nkpad, hq // hkv, nqpad // bm, nkpad // bn,
@@ -228,15 +329,19 @@ def attention_fp8_prepared(prep: dict, *, is_causal=False, scale=None, return_ls
 
 
 def attention_fp8(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
-                  return_lse=False, hadamard=False, block_m=None, block_n=None, seed=0):
+                  return_lse=False, hadamard=False, block_m=None, block_n=None, seed=0,
+                  kernel=None):
     """FP8 attention forward from float16 / bfloat16 ``(B, H, N, D)`` inputs: quantise
-    (optionally after the Hadamard rotation), run the FP8 kernel, return the output
-    in the input dtype."""
+    (optionally after the Hadamard rotation), run the FP8 kernel (``kernel`` as in
+    :func:`attention_fp8_prepared`), return the output in the input dtype."""
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="fp8")
     if not isinstance(hadamard, bool):
         raise TypeError(f"hadamard must be True or False, got {hadamard!r}")
-    prep = prepare_fp8(q, k, v, hadamard=hadamard, block_m=block_m, block_n=block_n, seed=seed)
+    if kernel not in ("gluon", "triton", None):
+        raise ValueError(f"kernel must be 'gluon', 'triton' or None, got {kernel!r}")
+    prep = prepare_fp8(q, k, v, hadamard=hadamard, block_m=block_m, block_n=block_n, seed=seed,
+                       kernel=kernel)
     return attention_fp8_prepared(prep, is_causal=is_causal, scale=sh.scale,
                                   return_lse=return_lse, out_dtype=q.dtype)
 

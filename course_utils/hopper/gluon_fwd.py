@@ -57,11 +57,26 @@ block is masked where the keys end, and the last query tile stores only its rows
 ``Nq``. (Its probabilities there are exact zeros, so the neighbour's values add nothing,
 unless they hold inf or NaN.)
 
+FP8 (:func:`attention_gluon_fp8`, on what :func:`course_utils.hopper.fp8.prepare_fp8`
+returns): the same kernel on e4m3 tiles, chosen by the descriptors' dtype (``FP8``). Q and
+K tiles arrive as they are, V transposed (``[D, BLOCK_N]`` boxes of ``(B * Hkv * D, Nk)``:
+the fp8 wgmma reads both operands K-major, so P V takes the slot through ``.permute``).
+The consumer multiplies the scores by ``qk_scale * sq * sk_j`` (one Q scale per 128-row
+tile, shared by the two ping-pong consumers, one K scale per key block), folds the V
+block's scale into the rescale (``acc <- acc * alpha * sv_{j-1} / sv_j + P8_j V8_j``, the
+output times the last ``sv``) and casts P to e4m3 in registers. The wgmma operand layout
+of an 8-bit P wants 4 consecutive keys per register where S's accumulator holds 2: rather
+than move P between threads, the keys are renumbered within each 32 (``_p_operand``) and
+``prepare_fp8`` stores V^T's columns in the same order, so P enters the matmul from the
+registers its softmax left it in. The output is 16-bit and has shared-memory slots of its
+own (twice the bytes of an e4m3 Q tile).
+
 Sizes: D in {64, 128}. Runs only on an sm90 GPU; importing this module works anywhere.
 """
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 
@@ -70,7 +85,8 @@ from course_utils import device  # sets TRITON_INTERPRET before triton is import
 from course_utils.constants import LN2, LOG2E  # noqa: E402
 from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
 
-__all__ = ["attention_gluon", "GLUON_AVAILABLE", "BLOCK_M", "BLOCK_N"]
+__all__ = ["attention_gluon", "attention_gluon_fp8", "GLUON_AVAILABLE", "BLOCK_M",
+           "BLOCK_N", "FP8_BLOCK_N"]
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -89,10 +105,12 @@ if GLUON_AVAILABLE:
     # the [(function, args), ...] form of warp_specialize arrived in Triton 3.6
     GLUON_AVAILABLE = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
     _LN2 = gl.constexpr(LN2)
+    _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+                  torch.float8_e4m3fn: gl.float8e4nv}
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                k_empty, v_empty, q_row, kv_row, n_blocks):
+                k_empty, v_empty, q_row, kv_row, v_row, n_blocks):
         # constexprs do not cross into a partition as arguments: read them off the shapes.
         # Q_TILES query tiles (1, or 2 for ping-pong) of ROWS rows each, then the K/V ring.
         Q_TILES: gl.constexpr = q_smem.shape[0]
@@ -108,6 +126,9 @@ if GLUON_AVAILABLE:
         # consumer waits for before it can finish P_j V_j: a deadlock.
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
+        # FP8 V arrives transposed, (D, Nk) per head (the fp8 wgmma reads B K-major): key
+        # block j is then the j-th column block of the head's D rows
+        V_T: gl.constexpr = v_smem.dtype == gl.float8e4nv
         for j in range(n_blocks):
             s = j % STAGES
             phase = (j // STAGES) & 1
@@ -117,18 +138,23 @@ if GLUON_AVAILABLE:
                                             k_smem.index(s))
             mbarrier.wait(v_empty.index(s), phase ^ 1)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(s),
-                                            v_smem.index(s))
+            if V_T:
+                tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], v_ready.index(s),
+                                                v_smem.index(s))
+            else:
+                tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_N, 0],
+                                                v_ready.index(s), v_smem.index(s))
 
     # a CTA-wide barrier among the partition's warps (renamed between Triton releases)
     _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, qk_scale):
-        # one online-softmax update in base 2: new max, probabilities, rescale factor
-        s = s * qk_scale
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        p = gl.exp2(s - gl.expand_dims(m_new, 1))
+        # one online-softmax update in base 2: new max, probabilities, rescale factor.
+        # qk_scale > 0 (the contract takes positive scales only), so max(s) * scale =
+        # max(s * scale): the scale moves into the row max and into one FMA per score
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
         alpha = gl.exp2(m_i - m_new)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_i
@@ -147,10 +173,10 @@ if GLUON_AVAILABLE:
         cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         visible = (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1)) & \
             (gl.expand_dims(cols, 0) < nk)
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - gl.expand_dims(m_use, 1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_i
@@ -168,6 +194,72 @@ if GLUON_AVAILABLE:
         else:
             p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i, qk_scale)
         return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _block_scales(ks_ptr, vs_ptr, j, FP8: gl.constexpr):
+        # FP8: the float32 scales of K block j and V block j (loaded a step early, so the
+        # load's latency hides behind a matmul); 16-bit: none
+        sk = 1.0
+        sv = 1.0
+        if FP8:
+            sk = gl.load(ks_ptr + j)
+            sv = gl.load(vs_ptr + j)
+        return sk, sv
+
+    @gluon.jit
+    def _softmax_scaled(s, m_i, l_i, qk_scale, sk, sv, sv_prev, row0, j, diag, nk,
+                        s_layout: gl.constexpr, FP8: gl.constexpr):
+        # FP8: the scores are (Q8 K8_j^T) * sq * sk_j (qk_scale already holds sq), and the
+        # accumulator is kept in units of the current V block's scale,
+        # acc_j = acc_{j-1} * alpha * sv_{j-1} / sv_j + P_j V8_j, so the one rescale per
+        # block also changes the unit; the epilogue multiplies by the last sv
+        if FP8:
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale * sk, row0, j, diag, nk,
+                                                s_layout)
+            alpha = alpha * (sv_prev / sv)
+            sv_prev = sv
+        else:
+            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, nk,
+                                                s_layout)
+        return p, alpha, m_i, l_i, sv_prev
+
+    @gluon.jit
+    def _p_operand(p, dtype: gl.constexpr, p_layout: gl.constexpr, FP8: gl.constexpr):
+        # P as the register A operand of O += P V. 16-bit: the accumulator layout of S
+        # already holds, per thread, the pairs of keys the operand layout wants. e4m3: the
+        # operand wants 4 consecutive keys per register where the accumulator has 2, so the
+        # keys are renumbered instead of moved between threads: in each group of 32 keys,
+        # key 16 b1 + 8 b0 + 2 t + e of S becomes operand column 16 b1 + 4 t + 2 b0 + e
+        # (t: the thread's place in its quad), and prepare_fp8 stores V^T's columns in
+        # that same order (v_key_order)
+        if FP8:
+            BM: gl.constexpr = p.shape[0]
+            BN: gl.constexpr = p.shape[1]
+            p8 = p.to(dtype).reshape([BM, BN // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5))
+            pv = gl.convert_layout(p8.reshape([BM, BN]), p_layout, assert_trivial=True)
+        else:
+            pv = gl.convert_layout(p.to(dtype), p_layout)
+        return pv
+
+    @gluon.jit
+    def _v_operand(v_smem, st, FP8: gl.constexpr):
+        # the B operand of O += P V: FP8 slots hold V^T ([D, BLOCK_N], keys contiguous)
+        if FP8:
+            vt = v_smem.index(st).permute((1, 0))
+        else:
+            vt = v_smem.index(st)
+        return vt
+
+    @gluon.jit
+    def _pv_wait(acc, pv, FP8: gl.constexpr):
+        # wait for O += P V; P from registers stays a dependency (kept alive) while the
+        # tensor cores read it. Triton 3.6 cannot list an 8-bit tensor there; the e4m3 P
+        # is never written again, so only the accumulator needs the wait's ordering
+        if FP8:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+        else:
+            acc, pv = warpgroup_mma_wait(0, deps=(acc, pv))
+        return acc
 
     @gluon.jit
     def _release(empty, st):
@@ -195,22 +287,30 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(turn.index((C + 1) % NC), count=1)
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk,
-                  C: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
+    def _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, C: gl.constexpr, PIPELINE: gl.constexpr,
+                  PINGPONG: gl.constexpr):
         """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
         128 rows) or, with ``PINGPONG``, two or three (4 warps, 64 rows each) that take
-        turns on the tensor cores through the ``turn`` barriers."""
+        turns on the tensor cores through the ``turn`` barriers. With e4m3 tiles (FP8)
+        the same loop multiplies by the blocks' scales and feeds P to the tensor cores
+        in e4m3."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
+        FP8: gl.constexpr = k_smem.dtype == gl.float8e4nv
+        # a wgmma step reduces over 32 bytes of K (16 halves, 32 e4m3), and an operand
+        # from registers packs 4 bytes of K per register (2 halves, 4 e4m3)
+        BITS: gl.constexpr = k_smem.dtype.primitive_bitwidth
         NUM_WARPS: gl.constexpr = BLOCK_M // 16        # wgmma: 16 rows per warp
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16])
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 256 // BITS])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, D, 256 // BITS])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=32 // BITS)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         NC: gl.constexpr = q_smem.shape[0]        # consumers taking turns (ping-pong)
@@ -220,6 +320,7 @@ if GLUON_AVAILABLE:
         l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
         acc = gl.zeros([BLOCK_M, D], gl.float32, o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        sv_prev = 1.0                            # FP8: the unit acc is kept in
 
         row0 = m0 + C * BLOCK_M                  # this consumer's first query position
         mbarrier.wait(q_bar, 0)
@@ -229,6 +330,7 @@ if GLUON_AVAILABLE:
             pass
         elif PIPELINE:
             # prologue: S_0 and its softmax
+            sk, sv = _block_scales(ks_ptr, vs_ptr, 0, FP8)
             mbarrier.wait(k_ready.index(0), 0)
             if PINGPONG:
                 _turn_wait(turn, 0, C)
@@ -238,44 +340,47 @@ if GLUON_AVAILABLE:
                 _turn_pass(turn, C, NC)
             s = warpgroup_mma_wait(0, deps=(s,))
             _release(k_empty, 0)                 # K_0 is read: the producer may refill it
-            p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, 0, diag, nk, s_layout)
+            p, alpha, m_i, l_i, sv_prev = _softmax_scaled(s, m_i, l_i, qk_scale, sk, sv, sv_prev,
+                                                          row0, 0, diag, nk, s_layout, FP8)
             for j in range(n_blocks - 1):
                 st = j % STAGES
                 nst = (j + 1) % STAGES
+                sk, sv = _block_scales(ks_ptr, vs_ptr, j + 1, FP8)
                 mbarrier.wait(k_ready.index(nst), ((j + 1) // STAGES) & 1)
                 if PINGPONG:
                     # prepare P_j first, then issue both matmuls in this consumer's turn
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                    p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                    pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
                     mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
                     _turn_wait(turn, j + 1, C)
                     s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
                                            use_acc=False, is_async=True)
-                    acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+                    acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
                     _turn_pass(turn, C, NC)
                 else:
                     # 1. issue S_{j+1} = Q K_{j+1}^T; 2. issue O += P_j V_j behind it
                     s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
                                            use_acc=False, is_async=True)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                    p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                    pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
                     mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-                    acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+                    acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
                 # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
                 s = warpgroup_mma_wait(1, deps=(s_next,))
                 _release(k_empty, nst)           # K_{j+1} is read; V_j may still be in use
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j + 1, diag,
-                                                     nk, s_layout)
-                acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+                p, alpha, m_i, l_i, sv_prev = _softmax_scaled(s, m_i, l_i, qk_scale, sk, sv,
+                                                              sv_prev, row0, j + 1, diag, nk,
+                                                              s_layout, FP8)
+                acc = _pv_wait(acc, pv, FP8)
                 _release(v_empty, st)
             last = n_blocks - 1
             st = last % STAGES
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+            pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
             mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
             if PINGPONG:
                 _turn_wait(turn, n_blocks, C)
-            acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+            acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
             if PINGPONG:
                 _turn_pass(turn, C, NC)
             acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -285,32 +390,38 @@ if GLUON_AVAILABLE:
             for j in range(n_blocks):
                 st = j % STAGES
                 phase = (j // STAGES) & 1
+                sk, sv = _block_scales(ks_ptr, vs_ptr, j, FP8)
                 mbarrier.wait(k_ready.index(st), phase)
                 s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), s_zero,
                                   use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(0, deps=(s,))
                 _release(k_empty, st)
-                p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, row0, j, diag, nk,
-                                                     s_layout)
+                p, alpha, m_i, l_i, sv_prev = _softmax_scaled(s, m_i, l_i, qk_scale, sk, sv,
+                                                              sv_prev, row0, j, diag, nk,
+                                                              s_layout, FP8)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                p16 = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+                pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
                 mbarrier.wait(v_ready.index(st), phase)
-                acc = warpgroup_mma(p16, v_smem.index(st), acc, is_async=True)
+                acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 _release(v_empty, st)
 
         # a row that saw no key (only under a lower-right mask with Nq > Nk): 0 and -inf
         empty = l_i == 0.0
-        out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), row_o), 1)
+        l_use = gl.where(empty, 1.0, l_i)
+        if FP8:
+            l_use = l_use / sv_prev              # acc is in units of the last V block's scale
+        out = acc / gl.expand_dims(gl.convert_layout(l_use, row_o), 1)
         base = o_row + C * BLOCK_M
         if row0 + BLOCK_M <= nq:
-            # the whole tile lies in this head: O goes into shared memory (the slot of this
-            # consumer's Q tile, free once its last S = Q K^T is done) and leaves in one
-            # TMA copy, which writes whole 128-byte lines instead of each thread's pairs
-            q_tile.store(out.to(q_tile.dtype))
+            # the whole tile lies in this head: O goes into shared memory (16-bit: the slot
+            # of this consumer's Q tile, free once its last S = Q K^T is done) and leaves in
+            # one TMA copy, which writes whole 128-byte lines instead of each thread's pairs
+            o_tile = o_smem.index(C)
+            o_tile.store(out.to(o_tile.dtype))
             fence_async_shared()                 # the writes, before the copy reads them
             _sync_warps()
-            tma.async_copy_shared_to_global(o_desc, [base, 0], q_tile)
+            tma.async_copy_shared_to_global(o_desc, [base, 0], o_tile)
             tma.store_wait(0)
         else:
             # the last tile of a head whose length is not a multiple of the tile: its rows
@@ -328,52 +439,61 @@ if GLUON_AVAILABLE:
 
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                         o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
-                  False, False)
+    def _consumer_serial(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
+                         v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
+                         qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 0, False, False)
 
     @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                            o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
-                  True, False)
+    def _consumer_pipelined(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
+                            v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row,
+                            n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 0, True, False)
 
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 0,
-                  True, True)
+    def _consumer_pp0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale,
+                      m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 0, True, True)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 1,
-                  True, True)
+    def _consumer_pp1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale,
+                      m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 1, True, True)
 
     @gluon.jit
-    def _consumer_pp2(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, o_row, n_blocks, qk_scale, m0, diag, nq, nk, 2,
-                  True, True)
+    def _consumer_pp2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale,
+                      m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 2, True, True)
 
     @gluon.jit
-    def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qk_scale, Hq, Nq, Nk,
-                        GROUP,
-                        DIAG, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qs_ptr, ks_ptr, vs_ptr,
+                        qk_scale, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                        D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, FP8: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
         # Q_TILES = 2 or 3: ping-pong, consumers of BLOCK_M // Q_TILES = 64 rows (4 warps
         # each) taking turns.
         # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
         # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
+        # FP8: Q, K are e4m3 with one float32 scale per tile (qs: per BLOCK_M query rows, ks
+        # and vs: per BLOCK_N keys), V is e4m3 transposed, (B, Hkv, D, KV_ROWS); each head's
+        # rows are padded to whole tiles (Q_ROWS, KV_ROWS), so a tile never crosses a head.
+        # 16-bit: Q_ROWS = Nq and KV_ROWS = Nk, the scale pointers are not read.
         start_m = gl.program_id(0)
         if CAUSAL:
             # longest rows first: the last query tiles see the most key blocks, so they
@@ -382,8 +502,17 @@ if GLUON_AVAILABLE:
         bh = gl.program_id(1)
         b = bh // Hq
         h = bh % Hq
-        q_row = bh * Nq + start_m * BLOCK_M
-        kv_row = (b * (Hq // GROUP) + h // GROUP) * Nk
+        bkv = b * (Hq // GROUP) + h // GROUP
+        q_row = bh * Q_ROWS + start_m * BLOCK_M
+        o_row = bh * Nq + start_m * BLOCK_M
+        kv_row = bkv * KV_ROWS
+        v_row = kv_row
+        if FP8:
+            v_row = bkv * D
+            # the two ping-pong consumers share their 128-row tile's Q scale
+            qk_scale = qk_scale * gl.load(qs_ptr + bh * (Q_ROWS // BLOCK_M) + start_m)
+            ks_ptr = ks_ptr + bkv * (KV_ROWS // BLOCK_N)
+            vs_ptr = vs_ptr + bkv * (KV_ROWS // BLOCK_N)
         m0 = start_m * BLOCK_M
         n_blocks = (Nk + BLOCK_N - 1) // BLOCK_N    # the last one masked where the keys end
         diag = Nk + BLOCK_N                      # no mask: no block is ever cut
@@ -396,7 +525,13 @@ if GLUON_AVAILABLE:
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_TILES, ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        if FP8:
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D, BLOCK_N], v_desc.layout)
+            # the output is 16-bit, twice the bytes of an e4m3 Q tile: slots of its own
+            o_smem = gl.allocate_shared_memory(o_desc.dtype, [Q_TILES, ROWS, D], o_desc.layout)
+        else:
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+            o_smem = q_smem                      # the epilogue stores O through the Q slots
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -412,10 +547,11 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(3):
             mbarrier.init(turn.index(i), count=1)
 
-        cargs = (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, o_ptr,
-                 o_desc, lse_ptr, q_row, n_blocks, qk_scale, m0, diag, Nq, Nk)
+        cargs = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                 o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0, diag,
+                 Nq, Nk)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                 k_empty, v_empty, q_row, kv_row, n_blocks)
+                 k_empty, v_empty, q_row, kv_row, v_row, n_blocks)
         if Q_TILES == 3:
             # three consumers in a circle (FlashAttention-3's choice at head dim 64, where
             # the exponentials weigh more against the smaller matmuls)
@@ -445,21 +581,9 @@ if GLUON_AVAILABLE:
             mbarrier.invalidate(v_empty.index(i))
 
 
-def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
-                    return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
-                    consumers=2, consumer_regs=None):
-    """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
-
-    ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
-    ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
-    budget (``setmaxnreg``), leaving the rest of the register file to the consumers.
-    ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each take turns
-    on the tensor cores; each gets ``consumer_regs`` registers per thread (default 240
-    for two, 160 for three, which is what the register file leaves them)."""
-    # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
-    sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
-                                enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
-                                hardware=False)
+def _schedule(stages, pipeline, loader_regs, pingpong, consumers, consumer_regs):
+    """Check the schedule options of :func:`attention_gluon`; returns the number of Q tiles
+    (consumers), ``BLOCK_M`` and the consumers' register budget."""
     if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 4:
         raise ValueError(f"stages must be an int in 1..4, got {stages!r}")
     for name, flag in (("pipeline", pipeline), ("pingpong", pingpong)):
@@ -478,32 +602,119 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     if loader_regs not in (24, 32, 40, 48, 56):
         raise ValueError(f"loader_regs must be one of 24, 32, 40, 48, 56 (a multiple of 8 "
                          f"that setmaxnreg accepts), got {loader_regs!r}")
-    if not (GLUON_AVAILABLE and device.IS_HOPPER):
-        raise RuntimeError("attention_gluon needs Triton >= 3.6 with Gluon and an sm90 GPU "
-                           f"(this machine: {device.describe()['device']})")
-    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[q.dtype]
-    q2 = q.contiguous().reshape(-1, sh.D)
-    k2 = k.contiguous().reshape(-1, sh.D)
-    v2 = v.contiguous().reshape(-1, sh.D)
     tiles = consumers if pingpong else 1
-    block_m = 64 * tiles if pingpong else BLOCK_M
-    q_block = [block_m // tiles, sh.D]
-    q_layout = gl.NVMMASharedLayout.get_default_for(q_block, gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, sh.D], gdt)
-    q_desc = GluonDescriptor(q2, list(q2.shape), list(q2.stride()), q_block, q_layout)
-    k_desc = GluonDescriptor(k2, list(k2.shape), list(k2.stride()), [BLOCK_N, sh.D], kv_layout)
-    v_desc = GluonDescriptor(v2, list(v2.shape), list(v2.stride()), [BLOCK_N, sh.D], kv_layout)
+    return tiles, (64 * tiles if pingpong else BLOCK_M), consumer_regs
+
+
+def _need_hopper(what):
+    if not (GLUON_AVAILABLE and device.IS_HOPPER):
+        raise RuntimeError(f"{what} needs Triton >= 3.6 with Gluon and an sm90 GPU "
+                           f"(this machine: {device.describe()['device']})")
+
+
+def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, group, diag,
+            causal, block_n, stages, pipeline, tiles, block_m, loader_regs, consumer_regs,
+            scales=None):
+    """Build the TMA descriptors and launch :func:`_attn_fwd_gluon` on 2-D views of the
+    inputs (rows of all heads one after the other). ``scales``: ``(qs, ks, vs)`` for
+    e4m3 inputs, whose ``v2`` is V transposed, ``(B * Hkv * D, kv_rows)``."""
+    d = q2.shape[-1]
+    fp8 = scales is not None
+    gdt = _GL_DTYPES[q2.dtype]
+    q_block = [block_m // tiles, d]
+    v_block = [d, block_n] if fp8 else [block_n, d]
+    layout = gl.NVMMASharedLayout.get_default_for
+    q_desc = GluonDescriptor(q2, list(q2.shape), list(q2.stride()), q_block,
+                             layout(q_block, gdt))
+    k_desc = GluonDescriptor(k2, list(k2.shape), list(k2.stride()), [block_n, d],
+                             layout([block_n, d], gdt))
+    v_desc = GluonDescriptor(v2, list(v2.shape), list(v2.stride()), v_block,
+                             layout(v_block, gdt))
+    # the output through TMA too, in blocks of a consumer's rows
+    o2 = o.view(-1, d)
+    o_desc = GluonDescriptor(o2, list(o2.shape), list(o2.stride()), q_block,
+                             layout(q_block, _GL_DTYPES[o.dtype]))
+    qs, ks, vs = scales if fp8 else (lse, lse, lse)       # not read without FP8
+    grid = (-(-Nq // block_m), B * Hq)
+    _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, o_desc, lse, qs, ks, vs, qk_scale, Hq, Nq,
+                          Nk, q_rows, kv_rows, group, diag, D=d, BLOCK_M=block_m,
+                          BLOCK_N=block_n, STAGES=stages, PIPELINE=pipeline, Q_TILES=tiles,
+                          LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
+                          CAUSAL=bool(causal), FP8=fp8, num_warps=4 if tiles > 1 else 8)
+
+
+def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
+                    return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
+                    consumers=2, consumer_regs=None):
+    """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
+
+    ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
+    ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
+    budget (``setmaxnreg``), leaving the rest of the register file to the consumers.
+    ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each take turns
+    on the tensor cores; each gets ``consumer_regs`` registers per thread (default 240
+    for two, 160 for three, which is what the register file leaves them)."""
+    # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
+    sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
+                                hardware=False)
+    tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong,
+                                              consumers, consumer_regs)
+    _need_hopper("attention_gluon")
     o = torch.empty((sh.B, sh.Hq, sh.Nq, sh.D), device=q.device, dtype=q.dtype)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
-    # the output through TMA too: the Q tile's block and layout (the epilogue reuses its slot)
-    o2 = o.view(-1, sh.D)
-    o_desc = GluonDescriptor(o2, list(o2.shape), list(o2.stride()), q_block, q_layout)
-    grid = (-(-sh.Nq // block_m), sh.B * sh.Hq)
-    _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, o_desc, lse, sh.scale * LOG2E, sh.Hq, sh.Nq,
-                          sh.Nk,
-                          sh.group, sh.offset, D=sh.D, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
-                          STAGES=stages,
-                          PIPELINE=pipeline, Q_TILES=tiles,
-                          LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
-                          CAUSAL=bool(sh.is_causal), num_warps=4 if pingpong else 8)
+    _launch(q.contiguous().reshape(-1, sh.D), k.contiguous().reshape(-1, sh.D),
+            v.contiguous().reshape(-1, sh.D), o, lse, sh.scale * LOG2E, B=sh.B, Hq=sh.Hq,
+            Nq=sh.Nq, Nk=sh.Nk, q_rows=sh.Nq, kv_rows=sh.Nk, group=sh.group, diag=sh.offset,
+            causal=sh.is_causal, block_n=BLOCK_N, stages=stages, pipeline=pipeline,
+            tiles=tiles, block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs)
+    return (o, lse) if return_lse else o
+
+
+# block_n of prepare_fp8 the FP8 path takes: the K and V scales' blocks are the kernel's
+FP8_BLOCK_N = (64, 128, 256)
+
+
+def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
+                        out_dtype=torch.float16, stages=2, pipeline=True, pingpong=True,
+                        loader_regs=24, consumer_regs=None):
+    """The same kernel on e4m3 tiles from :func:`course_utils.hopper.fp8.prepare_fp8`
+    (per-block scales, V transposed); ``is_causal``: SDPA's upper-left mask. Its query
+    tile is the Q scale's block (``block_m`` = 128) and its key block the K and V
+    scales' (``block_n``, one of :data:`FP8_BLOCK_N`). ``pingpong``: two consumers of
+    64 rows sharing the tile's Q scale (the default, FlashAttention-3's schedule)."""
+    from course_utils.hopper.fp8 import check_prepared
+    b, hq, hkv, nq, nk, d, q_rows, kv_rows = check_prepared(prep)
+    if prep["kernel"] != "gluon":
+        raise ValueError(f"prep was quantised for the {prep['kernel']!r} kernel (V^T's key "
+                         "order differs): prepare_fp8(..., kernel='gluon')")
+    if d not in (64, 128):
+        raise ValueError(f"head dim D must be one of (64, 128) for attention_gluon_fp8, got D={d}")
+    tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong, 2,
+                                              consumer_regs)
+    if prep["block_m"] != block_m:
+        raise ValueError(f"attention_gluon_fp8 takes Q scales per {block_m} rows (its query "
+                         f"tile): prepare_fp8(block_m={block_m}), got block_m={prep['block_m']}")
+    if prep["block_n"] not in FP8_BLOCK_N:
+        raise ValueError(f"attention_gluon_fp8 takes K and V scales per {FP8_BLOCK_N} keys "
+                         f"(its key block): got block_n={prep['block_n']}")
+    if out_dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be True or False, got {is_causal!r}")
+    if scale is None:
+        scale = 1.0 / d ** 0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+            not (math.isfinite(scale) and scale > 0):
+        # as the contract: the kernel takes the row max before scaling
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    _need_hopper("attention_gluon_fp8")
+    o = torch.empty((b, hq, nq, d), device=prep["q8"].device, dtype=out_dtype)
+    lse = torch.empty((b, hq, nq), device=prep["q8"].device, dtype=torch.float32)
+    _launch(prep["q8"].reshape(-1, d), prep["k8"].reshape(-1, d),
+            prep["vt8"].reshape(-1, kv_rows), o, lse, scale * LOG2E, B=b, Hq=hq, Nq=nq, Nk=nk,
+            q_rows=q_rows, kv_rows=kv_rows, group=hq // hkv, diag=0, causal=is_causal,
+            block_n=prep["block_n"], stages=stages, pipeline=pipeline, tiles=tiles,
+            block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs,
+            scales=(prep["qs"], prep["ks"], prep["vs"]))
     return (o, lse) if return_lse else o

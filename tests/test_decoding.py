@@ -368,6 +368,81 @@ def test_choose_num_splits_fills_the_machine():
         choose_num_splits(1, 8, 10, num_sms=0)
 
 
+# ---------------------------------------------------------------- the fused merge
+
+def _poison_allocations(monkeypatch):
+    """Every floating tensor allocated with ``torch.empty`` / ``empty_like`` during the
+    test starts as NaN: an output row the merge never writes, or a partial state that
+    no program stores, then shows up as NaN instead of as stale memory."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(real_like(*a, **kw)))
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "two_launch"])
+@pytest.mark.parametrize("tile", [None, 32], ids=["one_tile", "tiles_of_2_states"])
+def test_merge_writes_every_row(monkeypatch, fuse, tile):
+    # rows with no key (cache_seqlens 0, or a row past a 1-key sequence), a ragged batch,
+    # two new tokens, GQA 2; a tile of 32 floats at D = 16 makes the merge fold the 5
+    # states two at a time (a loop over tiles of states)
+    from course_utils import triton_decode
+    if tile:
+        monkeypatch.setattr(triton_decode, "_MERGE_TILE", tile)
+    _poison_allocations(monkeypatch)
+    q, k, v, _ = make(4, 4, 2, 2, 80, 16, seed=11)
+    lens = torch.tensor([0, 1, 37, 80], device=DEV, dtype=torch.int32)
+    o, lse, parts = decode_attention(q, k, v, lens, num_splits=5, check_lengths=False,
+                                     return_lse=True, return_partials=True, fuse_merge=fuse)
+    assert parts.m.shape[-1] == 5 and not torch.isnan(parts.l).any()
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert (o[0] == 0).all() and torch.isneginf(lse[0]).all()               # no key at all
+    assert (o[1, :, 0] == 0).all() and torch.isneginf(lse[1, :, 0]).all()   # row 0 of 2
+    ref, ref_lse = decode_attention_reference(q[2:].double(), k[2:].double(), v[2:].double(),
+                                              lens[2:], return_lse=True)
+    torch.testing.assert_close(o[2:].double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse[2:].double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_merge_equals_two_launches_and_leaves_counters_at_zero(monkeypatch):
+    # the same merge runs in both designs, so the rows agree bit for bit; the fused one
+    # sets its arrival counters back to zero, so calls with other shapes (more
+    # (b, kv head) pairs than the buffer had: it grows) and split counts stay right
+    from course_utils import triton_decode
+    _poison_allocations(monkeypatch)
+    for i, (b, hq, hkv, nq, lmax, splits, ragged) in enumerate([
+            (2, 4, 2, 1, 64, 4, True), (3, 8, 1, 3, 50, 3, True), (40, 2, 2, 1, 16, 1, False),
+            (1, 4, 4, 2, 96, 6, False)]):
+        q, k, v, sl = make(b, hq, hkv, nq, lmax, 16, ragged=ragged, seed=20 + i)
+        fused = decode_attention(q, k, v, sl, num_splits=splits, return_lse=True,
+                                 fuse_merge=True)
+        plain = decode_attention(q, k, v, sl, num_splits=splits, return_lse=True)
+        assert torch.equal(fused[0], plain[0]) and torch.equal(fused[1], plain[1])
+        ref = decode_attention_reference(q.double(), k.double(), v.double(), sl)
+        torch.testing.assert_close(fused[0].double(), ref, atol=1e-5, rtol=1e-5)
+        counters = triton_decode._arrival_counters(b * hkv, q.device)
+        assert counters.numel() >= b * hkv and not counters.any()
+
+
+def test_fused_merge_paged_cache_with_strided_metadata(monkeypatch):
+    # a paged cache whose block table is column-major and whose lengths are a strided
+    # column, merged in the split kernel: every row against the gathered float64 cache
+    _poison_allocations(monkeypatch)
+    q, kp, vp, table, sl = make_paged(3, 8, 2, 2, 16, 4, 32, seed=3)
+    bt = table.t().contiguous().t()
+    lens = torch.stack([sl, sl], 1)[:, 0]
+    assert bt.stride(1) != 1 and lens.stride(0) != 1
+    o, lse = decode_attention(q, kp, vp, lens, block_table=bt, num_splits=3, return_lse=True,
+                              fuse_merge=True)
+    ref, ref_lse = decode_attention_reference(
+        q.double(), gather_paged_cache(kp, table).double(),
+        gather_paged_cache(vp, table).double(), sl, return_lse=True)
+    torch.testing.assert_close(o.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- the learner check
 
 def test_check_decode_output_passes_and_fails_with_hints(capsys):
@@ -456,6 +531,96 @@ def test_gpu_paged_cache():
     err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
     assert err < 3e-3, err
 
+
+
+# the fused merge at real sizes: many splits (64 at 32k), a merge in two tiles of states
+# (D = 256: 32 states per tile), 32 rows per (b, kv head) (GQA 8, 4 new tokens), rows
+# without keys; every allocation poisoned first
+FUSED_GPU = [(1, 32, 8, 1, 32768, 128, torch.float16, None),
+             (1, 16, 4, 1, 32768, 256, torch.bfloat16, None),
+             (2, 64, 8, 4, 9000, 64, torch.float32, [3000, 9000]),
+             (3, 32, 8, 2, 4096, 128, torch.float16, [0, 1, 4096])]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("size", FUSED_GPU, ids=lambda s: f"B{s[0]}-H{s[1]}x{s[2]}-N{s[3]}x{s[4]}-D{s[5]}")
+def test_gpu_fused_merge_against_float64(monkeypatch, size):
+    b, hq, hkv, nq, lmax, d, dtype, lens = size
+    _poison_allocations(monkeypatch)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    q = torch.randn(b, hq, nq, d, device=DEV, dtype=dtype, generator=g)
+    k = torch.randn(b, hkv, lmax, d, device=DEV, dtype=dtype, generator=g)
+    v = torch.randn(b, hkv, lmax, d, device=DEV, dtype=dtype, generator=g)
+    sl = None if lens is None else torch.tensor(lens, device=DEV, dtype=torch.int32)
+    o, lse = decode_attention(q, k, v, sl, check_lengths=False, return_lse=True,
+                              fuse_merge=True)
+    plain, plain_lse = decode_attention(q, k, v, sl, check_lengths=False, return_lse=True)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    # the same arithmetic in two separately tuned kernels (tile shapes and reduction
+    # trees may differ): rows agree to the output's rounding, float32 to TF32's
+    atol, rtol = (3e-3, 3e-3) if dtype == torch.float32 else tolerance_for(dtype)
+    torch.testing.assert_close(o, plain, atol=atol, rtol=rtol)
+    torch.testing.assert_close(lse, plain_lse, atol=2e-3, rtol=1e-4)
+    full = [i for i in range(b) if sl is None or sl[i] >= nq]
+    ref, ref_lse = decode_attention_reference(q[full].double(), k[full].double(),
+                                              v[full].double(),
+                                              None if sl is None else sl[full], return_lse=True)
+    err = ((o[full].double() - ref).norm() / ref.norm()).item()
+    assert err < (2e-2 if dtype == torch.bfloat16 else 3e-3), err
+    torch.testing.assert_close(lse[full].double(), ref_lse, atol=1e-2, rtol=1e-3)
+    if sl is not None and sl[0] == 0:
+        assert (o[0] == 0).all() and torch.isneginf(lse[0]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.HAS_GPU, reason="needs a CUDA GPU")
+def test_gpu_fused_merge_in_graphs_and_on_two_streams():
+    # a graph captured on a stream that has run steps and one captured on a fresh
+    # stream (its counters are cleared inside the graph), each replayed many times on
+    # new inputs; then two streams running different steps at once
+    from course_utils import triton_decode
+    torch.manual_seed(0)
+    q = torch.randn(1, 32, 1, 128, device=DEV, dtype=torch.float16)
+    k = torch.randn(1, 8, 16384, 128, device=DEV, dtype=torch.float16)
+    v = torch.randn_like(k)
+    warm = torch.cuda.Stream()
+    with torch.cuda.stream(warm):
+        decode_attention(q, k, v, fuse_merge=True)
+    torch.cuda.synchronize()
+    graphs = []
+    for stream in (warm, torch.cuda.Stream()):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            out = decode_attention(q, k, v, fuse_merge=True)
+        graphs.append((g, out))
+    for step in range(6):
+        q.copy_(torch.randn_like(q))
+        ref = decode_attention_reference(q, k, v)
+        for g, out in graphs:
+            out.fill_(float("nan"))
+            for _ in range(5):
+                g.replay()
+            err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+            assert err < 3e-3, (step, err)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    q2 = torch.randn(2, 32, 1, 128, device=DEV, dtype=torch.float16)
+    k2 = torch.randn(2, 8, 8192, 128, device=DEV, dtype=torch.float16)
+    v2 = torch.randn_like(k2)
+    torch.cuda.synchronize()
+    outs = ([], [])
+    for _ in range(10):
+        with torch.cuda.stream(s1):
+            outs[0].append(decode_attention(q, k, v, fuse_merge=True))
+        with torch.cuda.stream(s2):
+            outs[1].append(decode_attention(q2, k2, v2, fuse_merge=True))
+    torch.cuda.synchronize()
+    for got, (qq, kk, vv) in zip(outs, ((q, k, v), (q2, k2, v2))):
+        ref = decode_attention_reference(qq, kk, vv).double()
+        for o in got:
+            assert ((o.double() - ref).norm() / ref.norm()).item() < 3e-3
+    for key, buf in triton_decode._ARRIVED.items():
+        assert not buf.any(), key
 
 # The problem set's checks against wrong answers: tests/test_wrong_answers.py grades them
 # through course-grade (tests/wrong_answers/09_decoding.py).

@@ -6,14 +6,12 @@ reference (and with SDPA where the two mean the same thing) on the cases the dec
 kernels' records in ``course_utils.contract`` declare (dtypes, head dims, causal or
 not, GQA, strided caches), crossed pairwise with the sizes below (new-token counts,
 cache lengths, GQA ratios, ragged cache lengths), then forced split counts and a paged
-cache; each case with the merge as a second launch and fused into the split kernel
-(``fuse_merge=True``, for a kernel that has the option). Unused cache slots are filled
-with NaN to catch reads past a sequence's end; it exits non-zero if any case fails.
-``--breakdown`` adds per-kernel times from the profiler, the CUDA-graph replay time and
-the autotuner's picks; ``--list`` prints the cases without running them (no GPU needed).
+cache. Unused cache slots are filled with NaN to catch reads past a sequence's end; it
+exits non-zero if any case fails. ``--breakdown`` adds per-kernel times from the
+profiler, the CUDA-graph replay time and the autotuner's picks; ``--list`` prints the
+cases without running them (no GPU needed).
 """
 import argparse
-import inspect
 import sys
 import time
 from pathlib import Path
@@ -59,9 +57,8 @@ def rel_err(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def case(c, ragged, num_splits=None, seed=0, fuse_merge=None):
-    """Run one :class:`~course_utils.contract.Case` (``Nk`` is the cache length L);
-    ``fuse_merge`` (when given) picks the kernel's merge: fused, or a second launch."""
+def case(c, ragged, num_splits=None, seed=0):
+    """Run one :class:`~course_utils.contract.Case` (``Nk`` is the cache length L)."""
     fn = implementation(c.impl).load()
     g = torch.Generator(device=device.DEVICE).manual_seed(seed)
     q, k, v = c.inputs(seed=seed, device=device.DEVICE)
@@ -74,10 +71,8 @@ def case(c, ragged, num_splits=None, seed=0, fuse_merge=None):
         for i, n in enumerate(seqlens.tolist()):
             k[i, :, n:] = float("nan")
             v[i, :, n:] = float("nan")
-    takes = "fuse_merge" in inspect.signature(fn).parameters
-    extra = {"fuse_merge": fuse_merge} if takes and fuse_merge is not None else {}
     o, lse, parts = fn(q, k, v, seqlens, num_splits=num_splits, return_lse=True,
-                       return_partials=True, **extra, **c.options())
+                       return_partials=True, **c.options())
     ref, ref_lse = decode_attention_reference(q, k, v, seqlens, return_lse=True, **c.options())
     err = rel_err(o, ref)
     lse_err = float((lse - ref_lse).abs().max())
@@ -91,8 +86,7 @@ def case(c, ragged, num_splits=None, seed=0, fuse_merge=None):
     merged = (total.acc / total.l[..., None])
     merge_err = rel_err(merged, o.float())
     ok = ok and merge_err < TOL[dtype]
-    label = f"{c.id} ragged={ragged} splits={s}" + (
-        f" fuse_merge={fuse_merge}" if extra else "")
+    label = f"{c.id} ragged={ragged} splits={s}"
     print(f"{'ok ' if ok else 'BAD'} {label}: rel err {err:.1e}, lse err {lse_err:.1e}, "
           f"merge err {merge_err:.1e}")
     return ok
@@ -140,19 +134,17 @@ def breakdown():
         q = torch.randn(b, 32, 1, 128, device=device.DEVICE, dtype=torch.float16)
         k = torch.randn(b, 8, n, 128, device=device.DEVICE, dtype=torch.float16)
         v = torch.randn_like(k)
-        times = {}
-        for fuse in (True, False):
-            for _ in range(3):
-                decode_attention(q, k, v, fuse_merge=fuse)
+        for _ in range(3):
+            decode_attention(q, k, v)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                decode_attention(q, k, v)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    decode_attention(q, k, v, fuse_merge=fuse)
-                torch.cuda.synchronize()
-            for e in prof.events():
-                if e.device_type.name == "CUDA":
-                    name = f"{e.name} (fuse_merge={fuse})"
-                    times[name] = times.get(name, 0.0) + e.device_time / 10
+        times = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                times[e.name] = times.get(e.name, 0.0) + e.device_time / 10
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             decode_attention(q, k, v)
@@ -183,23 +175,20 @@ def main(argv=None):
     todo = plan()
     if args.list:
         for c, ragged in todo:
-            print(c.id, f"ragged={ragged} fuse_merge=False,True")
+            print(c.id, f"ragged={ragged}")
         for rec in KERNELS:
-            print(split_case(rec).id, "ragged=True splits=1,3,17,64 fuse_merge=False,True")
-        print(f"{len(todo)} cases and {4 * len(KERNELS)} forced split counts, each with both "
-              "merges, a paged cache, SDPA")
+            print(split_case(rec).id, "ragged=True splits=1,3,17,64")
+        print(f"{len(todo)} cases, {4 * len(KERNELS)} forced split counts, a paged cache, "
+              "SDPA")
         return 0
     if not device.HAS_GPU:
         print("needs a CUDA GPU")
         return 2
     print(torch.cuda.get_device_name(), "| torch", torch.__version__)
     t = time.time()
-    # every case and the forced split counts with the merge as a second launch (the
-    # default) and fused into the split kernel
-    ok = all([case(c, ragged, seed=i, fuse_merge=f) for i, (c, ragged) in enumerate(todo)
-              for f in (False, True)])
-    ok &= all([case(split_case(rec), True, num_splits=s, seed=40 + s, fuse_merge=f)
-               for rec in KERNELS for s in (1, 3, 17, 64) for f in (False, True)])
+    ok = all([case(c, ragged, seed=i) for i, (c, ragged) in enumerate(todo)])
+    ok &= all([case(split_case(rec), True, num_splits=s, seed=40 + s)
+               for rec in KERNELS for s in (1, 3, 17, 64)])
     ok &= paged_case()
     ok &= sdpa_agrees()
     if args.breakdown:

@@ -5,8 +5,8 @@
 For a few (B, cache) points of the decode benchmark (fp16, Hq = 32, Hkv = 8, D = 128,
 one new token) it times, each as a CUDA-graph replay:
 
-* the split-KV kernel with the merge as a second launch (the default) and with the
-  merge fused into it (``fuse_merge=True``), cuDNN's attention through SDPA;
+* the split-KV step (split kernel, then the merge kernel) and cuDNN's attention
+  through SDPA;
 * a copy that moves the step's bytes (half read, half written), the benchmark's
   same-size copy;
 * a read-only Triton kernel that streams the step's bytes and does nothing else: the
@@ -17,9 +17,10 @@ the L2 is full of dirty lines that must go back to memory during the timed step)
 after a clean flush (the same write, then a 256 MB read, so the L2 holds clean lines:
 what a decode step finds after a layer that streamed weights). The difference is the
 flush's write-back, which every implementation pays alike. It also sweeps the number
-of splits of the fused kernel, times a graph captured on a stream no step has run on
-(its arrival counters are cleared inside the graph), lists the autotuner's picks and
-the per-kernel times from the profiler. Writes ``decode_floor.json``.
+of splits at B = 1, 32k, lists the autotuner's picks and the per-kernel times from the
+profiler. Writes ``decode_floor.json``. (The committed ``decode_floor.json`` also times a
+step with the merge fused into the split kernel, measured and dropped: that kernel is
+``course_utils/triton_decode.py`` at commit 89bd9e2.)
 """
 from __future__ import annotations
 
@@ -114,8 +115,7 @@ def point(b, n, flush):
     kv = kv_bytes_per_step(b, HKV, n, D)
     src = torch.randn(kv // 4, device=device.DEVICE, dtype=torch.float16)
     dst = torch.empty_like(src)
-    fns = {"fused": lambda: decode_attention(q, k, v, fuse_merge=True),
-           "two_launch": lambda: decode_attention(q, k, v, fuse_merge=False),
+    fns = {"two_launch": lambda: decode_attention(q, k, v),
            "cudnn": sdpa_cudnn(q, k, v),
            "copy_same": lambda: dst.copy_(src)}
     for progs in (512, 1024, 2048):
@@ -128,22 +128,14 @@ def point(b, n, flush):
     for mode in ("dirty", "clean"):
         row[f"read_only_{mode}_us"] = min(row[f"read_only_{p}_{mode}_us"] for p in (512, 1024, 2048))
     # the benchmark's own timer, to tie these numbers to the benchmark's JSON
-    row["fused_do_bench_us"] = common.time_ms(graphed(fns["fused"]), rep=40) * 1e3
+    row["two_launch_do_bench_us"] = common.time_ms(graphed(fns["two_launch"]), rep=40) * 1e3
     if b == 1 and n == 32768:
-        # a graph captured on a stream no step has run on: its counters are cleared by a
-        # memset inside the graph
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=torch.cuda.Stream()):
-            decode_attention(q, k, v, fuse_merge=True)
-        row["fused_fresh_stream_dirty_us"] = time_replay(g.replay, flush, "dirty")
         row["split_sweep"] = []
         for s in (8, 16, 32, 64, 128):
             out = {"num_splits": s}
-            for fuse in (True, False):
-                replay = graphed(lambda: decode_attention(q, k, v, num_splits=s, fuse_merge=fuse))
-                for mode in ("dirty", "clean"):
-                    out[f"{'fused' if fuse else 'two_launch'}_{mode}_us"] = time_replay(
-                        replay, flush, mode, rep=100)
+            replay = graphed(lambda: decode_attention(q, k, v, num_splits=s))
+            for mode in ("dirty", "clean"):
+                out[f"two_launch_{mode}_us"] = time_replay(replay, flush, mode, rep=100)
             row["split_sweep"].append(out)
             print("  sweep", out, flush=True)
         row["profile_us"] = kernel_times(q, k, v)
@@ -154,21 +146,18 @@ def kernel_times(q, k, v):
     """Per-kernel GPU time of one eager step (no flush), from the profiler."""
     from torch.profiler import ProfilerActivity, profile
     from course_utils.triton_decode import decode_attention
-    res = {}
-    for fuse in (True, False):
-        for _ in range(3):
-            decode_attention(q, k, v, fuse_merge=fuse)
+    for _ in range(3):
+        decode_attention(q, k, v)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            decode_attention(q, k, v)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                decode_attention(q, k, v, fuse_merge=fuse)
-            torch.cuda.synchronize()
-        times = {}
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                times[e.name] = times.get(e.name, 0.0) + e.device_time / 20
-        res["fused" if fuse else "two_launch"] = times
-    return res
+    times = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            times[e.name] = times.get(e.name, 0.0) + e.device_time / 20
+    return {"two_launch": times}
 
 
 def main(argv=None):
@@ -198,7 +187,7 @@ def main(argv=None):
     out = Path(args.out) if args.out else common.RESULTS / common.device_slug()
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode_floor.json").write_text(json.dumps(record, indent=1) + "\n")
-    cols = ["fused", "two_launch", "cudnn", "read_only", "copy_same"]
+    cols = ["two_launch", "cudnn", "read_only", "copy_same"]
     print("\nus per step (dirty flush | clean flush)")
     print("B  cache  " + "  ".join(f"{c:>17s}" for c in cols))
     for r in rows:

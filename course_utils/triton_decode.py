@@ -1,6 +1,6 @@
 """Lesson 9: split-KV decoding ("flash-decoding") in Triton, with GQA packing.
 
-Two steps, each a kernel of its own in the plain design:
+Two kernels, launched one after the other:
 
 1. ``_split_kv_kernel``, grid ``(num_splits, B * Hkv)``. Program ``(c, b*Hkv+g)`` owns
    chunk ``c`` of the cache of batch element ``b`` and kv head ``g``. It loads the
@@ -9,18 +9,10 @@ Two steps, each a kernel of its own in the plain design:
    serves the whole group: the cache is read from memory once, not ``group`` times.
    It runs the online softmax of lessons 2-4 over its chunk and writes the partial
    state ``(m, l, acc)`` of lesson 3 (natural-log ``m``, unnormalised ``acc``).
-2. The merge, :func:`_merge_row`: folds the ``num_splits`` partial states of one output
-   row with lesson 3's merge, ``m = max_c m_c``, ``l = sum_c l_c exp(m_c - m)``,
-   ``acc = sum_c acc_c exp(m_c - m)``, then writes ``o = acc / l`` and
-   ``lse = m + log l``.
-
-By default the merge is a second kernel, ``_merge_kernel``, with one program per
-output row. ``fuse_merge=True`` runs it inside the first launch instead: each program
-counts itself in an arrival counter of its ``(b, g)`` once its state is stored, and the
-program that arrives last (it sees every other state) merges the group's rows. That
-saves a launch, but one program then merges a whole group alone at the end of the
-step; on an H100 the fused step measured slower at B = 1 (see
-``benchmarks/nvidia-h100-80gb-hbm3/ablation.md``), so it is an option, not the default.
+2. ``_merge_kernel``, grid ``(B * Hq * Nq,)``: folds the ``num_splits`` partial states
+   of one output row with lesson 3's merge, ``m = max_c m_c``,
+   ``l = sum_c l_c exp(m_c - m)``, ``acc = sum_c acc_c exp(m_c - m)``, then writes
+   ``o = acc / l`` and ``lse = m + log l``.
 
 With a block table the split kernel reads a **paged** cache: key ``j`` of sequence
 ``b`` is slot ``j % page_size`` of page ``block_table[b, j // page_size]``.
@@ -87,56 +79,16 @@ def choose_num_splits(batch: int, kv_heads: int, cache_len: int, num_sms: int | 
     return max(1, min(want, most))
 
 
-# the merge reads its partial states in tiles of at most this many float32 values (per
-# tile of splits): registers, since a fused merge shares them with the split kernel
-_MERGE_TILE = 8192
-
-
-@triton.jit
-def _merge_row(PART_M, PART_L, PART_ACC, O, LSE, row, NUM_SPLITS,
-               HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Lesson 3's merge of the ``NUM_SPLITS`` partial states of output row ``row``,
-    ``BLOCK_S`` states at a time: each tile is folded into the running state exactly as
-    two states are merged (the merge is associative, so the tiling changes nothing)."""
-    dcol = tl.arange(0, HEAD_DIM)
-    m_all = tl.full([], float("-inf"), tl.float32)
-    l_all = tl.full([], 0.0, tl.float32)
-    acc_all = tl.zeros([HEAD_DIM], tl.float32)
-    base = row * NUM_SPLITS
-    for s0 in range(0, NUM_SPLITS, BLOCK_S):
-        sp = s0 + tl.arange(0, BLOCK_S)
-        ok = sp < NUM_SPLITS
-        # .cg: read from L2, where other programs of this launch wrote the states
-        m = tl.load(PART_M + base + sp, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(PART_L + base + sp, mask=ok, other=0.0, cache_modifier=".cg")
-        acc = tl.load(PART_ACC + (base + sp[:, None]) * HEAD_DIM + dcol[None, :],
-                      mask=ok[:, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_all, tl.max(m, 0))
-        # a row that has seen no key yet (a sequence shorter than its new tokens,
-        # cache_seqlens 0) has m_new = -inf: subtract 0 instead, so it keeps l = 0 and
-        # acc = 0 rather than NaN from -inf - -inf
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_all - m_use)
-        w = tl.exp(m - m_use)              # empty chunks (m = -inf) weigh 0
-        l_all = l_all * alpha + tl.sum(l * w, 0)
-        acc_all = acc_all * alpha + tl.sum(acc * w[:, None], 0)
-        m_all = m_new
-    o = acc_all / tl.where(l_all == 0.0, 1.0, l_all)
-    tl.store(O + row * HEAD_DIM + dcol, o.to(O.dtype.element_ty))
-    tl.store(LSE + row, tl.where(l_all == 0.0, float("-inf"), m_all + tl.log(l_all)))
-
-
 @triton.jit
 def _split_kv_kernel(
-    Q, K, V, SEQLENS, BLOCK_TABLE, PART_M, PART_L, PART_ACC, O, LSE, ARRIVED,
+    Q, K, V, SEQLENS, BLOCK_TABLE, PART_M, PART_L, PART_ACC,
     sqb, sqh, sqn, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
     ssl, sbt, sbt1, PAGE_SIZE, HKV, NQ, LMAX, CHUNK, NUM_SPLITS, qk_scale, CHUNK_KEY,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, CAUSAL: tl.constexpr, PAGED: tl.constexpr,
-    UPCAST: tl.constexpr, FUSE_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)
@@ -206,27 +158,29 @@ def _split_kv_kernel(
     tl.store(PART_L + idx, l_i, mask=row_ok)
     tl.store(PART_ACC + idx[:, None] * HEAD_DIM + dcol[None, :], acc, mask=row_ok[:, None])
 
-    if FUSE_MERGE:
-        # the last program of this (b, g) to store its state merges all of them: the
-        # barrier puts every thread's stores before the count, the count's release /
-        # acquire makes the other programs' stores visible to the one that arrives last
-        tl.debug_barrier()
-        arrived = tl.atomic_add(ARRIVED + bg, 1, sem="acq_rel")
-        if arrived == NUM_SPLITS - 1:
-            tl.store(ARRIVED + bg, 0)       # ready for the next step (graphs replay it)
-            # the group's output rows are consecutive: (b * Hq + g * GROUP) * NQ + r
-            row0 = (b * HKV + g) * GROUP * NQ
-            for r in range(0, GROUP * NQ):
-                _merge_row(PART_M, PART_L, PART_ACC, O, LSE, row0 + r, NUM_SPLITS,
-                           HEAD_DIM, BLOCK_S)
-
 
 @triton.jit
 def _merge_kernel(PART_M, PART_L, PART_ACC, O, LSE, NUM_SPLITS,
                   HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    # the unfused merge: one program per (b, head, token) output row
-    _merge_row(PART_M, PART_L, PART_ACC, O, LSE, tl.program_id(0).to(tl.int64), NUM_SPLITS,
-               HEAD_DIM, BLOCK_S)
+    row = tl.program_id(0).to(tl.int64)   # one (b, head, token) output row
+    sp = tl.arange(0, BLOCK_S)
+    ok = sp < NUM_SPLITS
+    m = tl.load(PART_M + row * NUM_SPLITS + sp, mask=ok, other=float("-inf"))
+    l = tl.load(PART_L + row * NUM_SPLITS + sp, mask=ok, other=0.0)
+    dcol = tl.arange(0, HEAD_DIM)
+    acc = tl.load(PART_ACC + (row * NUM_SPLITS + sp[:, None]) * HEAD_DIM + dcol[None, :],
+                  mask=ok[:, None], other=0.0)
+    # lesson 3's merge of all splits at once: rescale each state to the common max
+    m_all = tl.max(m, 0)
+    # a row that sees no key in any chunk (a sequence shorter than its new tokens,
+    # cache_seqlens 0) has m_all = -inf: subtract 0 instead, so it gets o = 0 and
+    # lse = -inf rather than NaN from -inf - -inf
+    m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.exp(m - m_use)              # empty chunks (m = -inf) weigh 0
+    l_all = tl.sum(l * w, 0)
+    o = tl.sum(acc * w[:, None], 0) / tl.where(l_all == 0.0, 1.0, l_all)
+    tl.store(O + row * HEAD_DIM + dcol, o.to(O.dtype.element_ty))
+    tl.store(LSE + row, tl.where(l_all == 0.0, float("-inf"), m_all + tl.log(l_all)))
 
 
 def _gpu_configs():
@@ -243,51 +197,14 @@ if device.HAS_GPU:
     # lengths tunes once per octave
     _split_kv = triton.autotune(
         configs=_gpu_configs(),
-        key=["CHUNK_KEY", "GROUP", "HEAD_DIM", "BLOCK_M", "CAUSAL", "PAGED",
-             "FUSE_MERGE"])(_split_kv_kernel)
+        key=["CHUNK_KEY", "GROUP", "HEAD_DIM", "BLOCK_M", "CAUSAL", "PAGED"])(_split_kv_kernel)
 else:
     _split_kv = _split_kv_kernel
 
 
-def _merge_block(num_splits: int, head_dim: int) -> int:
-    """Partial states the merge reads per tile: all of them if the tile stays within
-    ``_MERGE_TILE`` float32 values, else the largest power of two that does."""
-    return max(2, min(triton.next_power_of_2(num_splits), _MERGE_TILE // head_dim))
-
-
-# arrival counters of the fused merge, one buffer per (device, stream); buffers that
-# were outgrown stay alive, since a CUDA graph captured earlier may still use one
-_ARRIVED: dict = {}
-_OUTGROWN: list = []
-
-
-def _arrival_counters(n: int, dev: torch.device) -> torch.Tensor:
-    """``n`` int32 counters that are zero when a step starts.
-
-    The fused merge counts the programs of each ``(b, kv head)`` that have stored their
-    state, and the last one sets its counter back to zero, so the same buffer serves
-    every later step without being cleared (clearing it would cost a launch per step).
-    Steps on different streams may run at the same time, so each stream has its own
-    buffer. During CUDA-graph capture on a stream that has none yet, the graph gets a
-    buffer of its own, which the graph clears each time it replays."""
-    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-    key = (str(dev), stream)
-    buf = _ARRIVED.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    size = max(n, 64, 2 * buf.numel() if buf is not None else 0)
-    fresh = torch.zeros(size, dtype=torch.int32, device=dev)
-    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        _ARRIVED[key] = fresh
-    return fresh
-
-
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True, alignment=None,
                      scale=None, enable_gqa=True, num_splits=None, return_lse=False,
-                     return_partials=False, check_lengths=True, block_table=None,
-                     fuse_merge=False):
+                     return_partials=False, check_lengths=True, block_table=None):
     """Split-KV decode attention; same contract as
     :func:`course_utils.decoding.decode_attention_reference` (what it supports is its
     ``"decode"`` record in :data:`course_utils.contract.IMPLEMENTATIONS`: the
@@ -297,10 +214,6 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
     per-chunk states come back too, as an :class:`AttentionState` whose ``m``, ``l``
     are ``(B, Hq, Nq, S)`` and ``acc`` is ``(B, Hq, Nq, S, D)`` (float32, unnormalised),
     so they can be folded with ``merge_states`` by hand.
-
-    ``fuse_merge=True`` merges the partial states inside the split kernel (the last
-    program of each ``(b, kv head)`` to finish merges them), one launch per step instead
-    of two; the default merges them in a second kernel.
 
     The chunks are cut from the cache's capacity ``Lmax``, so nothing is read back from
     the GPU; chunks past a sequence's length return at once. With
@@ -347,27 +260,25 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, is_causal=True,
     part_m = torch.empty(b, hq, nq, num_splits, dtype=torch.float32, device=dev)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(b, hq, nq, num_splits, d, dtype=torch.float32, device=dev)
-    o = torch.empty(b, hq, nq, d, dtype=q.dtype, device=dev)
-    lse = torch.empty(b, hq, nq, dtype=torch.float32, device=dev)
-    arrived = _arrival_counters(b * hkv, dev) if fuse_merge else part_m
     seqlens = q if cache_seqlens is None else cache_seqlens.to(torch.int32)
     table = block_table.to(torch.int32) if paged else seqlens
-    args = (q, k_cache, v_cache, seqlens, table, part_m, part_l, part_acc, o, lse, arrived,
+    args = (q, k_cache, v_cache, seqlens, table, part_m, part_l, part_acc,
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
             seqlens.stride(0), table.stride(0), table.stride(-1), page_size, hkv, nq, lmax, chunk,
             num_splits, scale * LOG2E, triton.next_power_of_2(chunk))
     meta = dict(GROUP=group, HEAD_DIM=d, BLOCK_M=block_m,
                 HAS_SEQLENS=cache_seqlens is not None, CAUSAL=bool(causal), PAGED=paged,
-                UPCAST=_upcast(q), FUSE_MERGE=bool(fuse_merge), BLOCK_S=_merge_block(num_splits, d))
+                UPCAST=_upcast(q))
     grid = (num_splits, b * hkv)
     if device.HAS_GPU:
         _split_kv[grid](*args, **meta)
     else:
         _split_kv[grid](*args, **meta, BLOCK_N=_CPU_BLOCK_N)
-    if not fuse_merge:
-        _merge_kernel[(b * hq * nq,)](part_m, part_l, part_acc, o, lse, num_splits,
-                                      HEAD_DIM=d, BLOCK_S=meta["BLOCK_S"])
 
+    o = torch.empty(b, hq, nq, d, dtype=q.dtype, device=dev)
+    lse = torch.empty(b, hq, nq, dtype=torch.float32, device=dev)
+    _merge_kernel[(b * hq * nq,)](part_m, part_l, part_acc, o, lse, num_splits,
+                                  HEAD_DIM=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     out = [o]
     if return_lse:
         out.append(lse)

@@ -4,9 +4,7 @@
 Hkv = 8, D = 128 and B in {1, 8, 64}, cache lengths 1k .. 128k:
 
 * the split-KV Triton kernel of :mod:`course_utils.triton_decode` (its record in
-  :mod:`course_utils.contract` must declare the shape: :func:`grid`), as it runs by
-  default (the merge as a second launch, ``triton_ms``) and with the merge fused into
-  the split kernel (``fuse_merge=True``, ``triton_fused_ms``);
+  :mod:`course_utils.contract` must declare the shape: :func:`grid`);
 * SDPA's flash, cuDNN, memory-efficient and math backends (each with ``enable_gqa``
   when it takes it, else on K/V expanded to 32 heads ahead of time, marked so);
 * a plain PyTorch grouped matmul (queries of a group stacked, K/V read once);
@@ -92,9 +90,7 @@ def graphed(fn):
 
     A serving loop replays each decode step from a graph, so the GPU time of a step is
     what counts; eager calls also pay the Python and launch cost on the host, which for
-    a few-microsecond kernel can be larger than the kernel itself. The graph is captured
-    on the stream that ran the warm-up calls, as a serving loop captures its steps (the
-    fused merge of the Triton kernel keeps per-stream counters that these calls set up)."""
+    a few-microsecond kernel can be larger than the kernel itself."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -103,7 +99,7 @@ def graphed(fn):
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=side):
+        with torch.cuda.graph(g):
             fn()
         torch.cuda.synchronize()
         return g.replay
@@ -169,10 +165,10 @@ def run(batches, lengths, sweep=True):
             torch.cuda.synchronize()
             continue
         rows.append(row)
-        print(common.table([row], ["B", "cache", "splits", "triton_ms", "triton_fused_ms",
-                                   "cudnn_ms", "copy_same_ms", "best_sdpa", "best_sdpa_ms",
-                                   "speedup_vs_best_sdpa", "bw_fraction_of_copy",
-                                   "bw_fraction_of_same_copy", "max_err"]), flush=True)
+        print(common.table([row], ["B", "cache", "splits", "triton_ms", "triton_eager_ms",
+                                   "best_sdpa", "best_sdpa_ms", "speedup_vs_best_sdpa",
+                                   "bw_fraction_of_copy", "bw_fraction_of_same_copy",
+                                   "max_err"]), flush=True)
         del q, k, v, kx, vx
         torch.cuda.empty_cache()
     extra = {"copy_TBps": copy_bw / 1e12, "shape": {"Hq": HQ, "Hkv": HKV, "D": D,
@@ -190,17 +186,13 @@ def measure_row(row, q, k, v, kx, vx, notes, scale, copy_bw):
     out = decode_attention(q, k, v)
     ref = grouped_torch_decode(q, k, v, 1 / math.sqrt(D))
     row["max_err"] = float((out.float() - ref.float()).abs().max())
-    del out
+    del out, ref
     row["triton_ms"], row["triton_eager_ms"] = time_both(lambda: decode_attention(q, k, v))
-    fused = decode_attention(q, k, v, fuse_merge=True)
-    row["fused_max_err"] = float((fused.float() - ref.float()).abs().max())
-    del fused
-    row["triton_fused_ms"], _ = time_both(lambda: decode_attention(q, k, v, fuse_merge=True))
     # a copy moving the step's bytes (half read, half written), timed the same way
     src = torch.empty(kv // 4, dtype=torch.float16, device=device.DEVICE).normal_()
     dst = torch.empty_like(src)
     row["copy_same_ms"], _ = time_both(lambda: dst.copy_(src))
-    del src, dst, ref
+    del src, dst
     row["torch_grouped_ms"], row["torch_grouped_eager_ms"] = time_both(
         lambda: grouped_torch_decode(q, k, v, scale))
     best = None
@@ -235,11 +227,6 @@ def measure_row(row, q, k, v, kx, vx, notes, scale, copy_bw):
     row["triton_TBps"] = kv / (row["triton_ms"] * 1e-3) / 1e12
     row["bw_fraction_of_copy"] = kv / (row["triton_ms"] * 1e-3) / copy_bw
     row["bw_fraction_of_same_copy"] = row["copy_same_ms"] / row["triton_ms"]
-    row["fused_bw_fraction_of_copy"] = kv / (row["triton_fused_ms"] * 1e-3) / copy_bw
-    row["fused_bw_fraction_of_same_copy"] = row["copy_same_ms"] / row["triton_fused_ms"]
-    if row.get("cudnn_ms"):
-        row["cudnn_bw_fraction_of_copy"] = kv / (row["cudnn_ms"] * 1e-3) / copy_bw
-        row["cudnn_bw_fraction_of_same_copy"] = row["copy_same_ms"] / row["cudnn_ms"]
 
 
 def split_sweep(b, n, copy_bw):
@@ -329,11 +316,10 @@ def main(argv):
         plot(json.loads(path.read_text()), path.with_suffix(".png"))
     except ImportError:
         pass
-    print(common.table(rows, ["B", "cache", "splits", "triton_ms", "triton_fused_ms",
-                              "triton_eager_ms", "torch_grouped_ms",
+    print(common.table(rows, ["B", "cache", "splits", "triton_ms", "triton_eager_ms",
+                              "torch_grouped_ms",
                               "flash_ms", "cudnn_ms", "efficient_ms", "math_ms",
                               "speedup_vs_best_sdpa", "triton_TBps", "bw_fraction_of_copy",
-                              "copy_same_ms", "bw_fraction_of_same_copy",
-                              "fused_bw_fraction_of_copy", "cudnn_bw_fraction_of_copy"]))
+                              "copy_same_ms", "bw_fraction_of_same_copy"]))
     print(f"copy bandwidth {extra['copy_TBps']:.2f} TB/s; wrote {path}")
     return 0

@@ -382,8 +382,11 @@ class _WarmParent:
     def __init__(self, box: "Sandbox"):
         self.top = box.scratch / "warm"
         self.argv = [box.python, str(box.stage / "course_utils" / "grading" / "warm.py")]
-        # the environment every run of the class shares (a run's own comes after the fork)
-        self.env = box._env(self.top / "home", "/tmp", box.token)
+        # the environment every run of the class shares (a run's own comes after the fork);
+        # PyTorch asks NVML rather than the CUDA driver whether a GPU is there, since a
+        # process that started CUDA cannot fork a child that uses it
+        self.env = dict(box._env(self.top / "home", "/tmp", box.token),
+                        PYTORCH_NVML_BASED_CUDA_CHECK="1")
         self.proc = self.sock = self.lines = None
         self.ready = False
         self.dead = False

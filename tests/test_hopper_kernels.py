@@ -100,6 +100,37 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
             gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
 
 
+def test_bench_runs_merge_to_medians_and_keep_every_error():
+    from course_utils.bench import hopper as bench
+
+    def row(provider, tflops=None, error=None, n=4096, dtype="float16"):
+        r = {"provider": provider, "N": n, "dtype": dtype, "B": 4, "H": 16, "D": 128}
+        if error:
+            r["error"] = error
+        else:
+            r.update(tflops=tflops, ms=1000.0 / tflops, rel_err=tflops * 1e-6, x_cudnn=9.0)
+        return r
+
+    runs = [[row("sdpa_cudnn", 600), row("gluon_pingpong", 580), row("fp8_hadamard", 700),
+             row("sdpa_cudnn", 500, dtype="bfloat16")],
+            [row("sdpa_cudnn", 640), row("gluon_pingpong", 520), row("fp8_hadamard", error="E: x"),
+             row("sdpa_cudnn", 510, dtype="bfloat16")],
+            [row("sdpa_cudnn", 620), row("gluon_pingpong", 610), row("fp8_hadamard", 720)]]
+    out = {(r["provider"], r["dtype"]): r for r in bench.merge_runs(runs)}
+    cud, pp = out["sdpa_cudnn", "float16"], out["gluon_pingpong", "float16"]
+    assert cud["tflops_runs"] == [600, 640, 620] and cud["tflops"] == 620 and cud["runs"] == 3
+    assert pp["tflops"] == 580 and pp["x_cudnn"] == pytest.approx(580 / 620)
+    assert pp["ms"] == pytest.approx(1000.0 / 580) and pp["rel_err"] == pytest.approx(610e-6)
+    # an error in any run is kept and no speed is reported, nor a ratio
+    f8 = out["fp8_hadamard", "float16"]
+    assert f8["error"] == "E: x" and "tflops" not in f8 and "x_cudnn" not in f8
+    # a row missing from a run is not given the median of the others
+    bf = out["sdpa_cudnn", "bfloat16"]
+    assert bf["error"] == "measured in 2 of 3 runs" and "tflops" not in bf
+    with pytest.raises(SystemExit):
+        bench.main(["--runs", "0"])
+
+
 def test_bench_skips_off_hopper_and_ablation_maps_schedules(capsys):
     import json
     from pathlib import Path

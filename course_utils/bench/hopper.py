@@ -2,7 +2,7 @@
 in the same run, plus the ablation table (which ingredient gives what).
 
     python -m course_utils.bench hopper [--n 4096 8192 16384] [--dtype fp16 bf16]
-                                        [--tokens 16384] [--heads 16] [--quick]
+                                        [--tokens 16384] [--heads 16] [--runs 3]
 
 Shapes follow the FlashAttention-3 paper's forward benchmark: head dim 128, a fixed
 16k tokens per batch (``B = tokens // N``), 16 heads, non-causal. Each of our providers
@@ -11,11 +11,16 @@ decides the dtypes on offer and the points it is timed at (a point its record do
 declare is listed with the record's reason). Every provider's output is compared with SDPA before it is timed; a provider
 that fails to compile or to match is listed with its error instead of a speed. Results:
 ``benchmarks/<device>/hopper.json`` and ``hopper.png``.
+
+The whole sweep runs ``--runs`` times in a row (default 3); each row keeps every run's
+speed (``tflops_runs``) and reports their median, so a lesson's statement about two
+providers can be checked against the spread between runs, not against one run.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import traceback
 
 import torch
@@ -146,6 +151,39 @@ def run_config(n, dtype, tokens, heads, names):
     return rows
 
 
+def merge_runs(runs):
+    """One row per (provider, N, dtype) from several sweeps ``runs`` (lists of rows as
+    :func:`run_config` makes them): ``tflops`` and ``ms`` are the medians over the runs,
+    ``tflops_runs`` lists each run's speed, ``x_cudnn`` divides medians. A provider that
+    failed in any run keeps that run's error and gets no speed."""
+    def key(r):
+        return r["provider"], r["N"], r["dtype"]
+
+    merged = {}
+    for rows in runs:
+        for r in rows:
+            merged.setdefault(key(r), []).append(r)
+    out = []
+    for rs in merged.values():
+        row = {k: v for k, v in rs[0].items() if k not in ("tflops", "ms", "x_cudnn", "error")}
+        row["runs"] = len(rs)
+        err = next((r["error"] for r in rs if "error" in r), None)
+        if err is not None or len(rs) != len(runs):
+            row["error"] = err or f"measured in {len(rs)} of {len(runs)} runs"
+        else:
+            row["tflops_runs"] = [r["tflops"] for r in rs]
+            row["tflops"] = statistics.median(row["tflops_runs"])
+            row["ms"] = statistics.median(r["ms"] for r in rs)
+            row["rel_err"] = max(r["rel_err"] for r in rs)
+        out.append(row)
+    for r in out:
+        base = next((b.get("tflops") for b in out if b["provider"] == "sdpa_cudnn"
+                     and b["N"] == r["N"] and b["dtype"] == r["dtype"]), None)
+        if base and r.get("tflops"):
+            r["x_cudnn"] = r["tflops"] / base
+    return out
+
+
 def ablation(rows, n):
     """The ingredient-by-ingredient table at one sequence length (fp16), with the
     schedule simulator's prediction for the schedule each kernel follows."""
@@ -207,21 +245,30 @@ def main(argv):
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--providers", nargs="+", default=None,
                     help="subset of providers (default: all)")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="sweeps in a row; each row reports the median (default 3)")
     args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
     if not device.needs("hopper"):
         return 0
     names = args.providers or list(providers())
-    rows = []
-    for dt in args.dtype:
-        for n in args.n:
-            rows += run_config(n, DTYPES[dt], args.tokens, args.heads, names)
+    runs = []
+    for i in range(args.runs):
+        print(f"--- run {i + 1} of {args.runs}", flush=True)
+        rows = []
+        for dt in args.dtype:
+            for n in args.n:
+                rows += run_config(n, DTYPES[dt], args.tokens, args.heads, names)
+        runs.append(rows)
+    rows = merge_runs(runs)
     n_ab = 8192 if 8192 in args.n else args.n[-1]
     try:
         abl = ablation(rows, n_ab)
     except Exception as e:  # the table of measurements still counts
         print(f"ablation predictions unavailable: {type(e).__name__}: {e}")
         abl = []
-    path = common.save("hopper", rows, {"ablation_N": n_ab, "ablation": abl})
+    path = common.save("hopper", rows, {"ablation_N": n_ab, "ablation": abl, "runs": args.runs})
     plot(rows, path.with_suffix(".png"))
     print(common.table(rows, ["provider", "dtype", "N", "tflops", "x_cudnn", "rel_err", "error"]))
     print(f"\nablation at N={n_ab}, fp16:")

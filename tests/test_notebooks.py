@@ -64,3 +64,17 @@ def test_nbval_compares_marked_cells(tmp_path):
     assert run(good).returncode == 0
     r = run(bad)
     assert r.returncode != 0 and "41" in r.stdout
+
+
+SAVES = re.compile(r"main\(|import main\b|\bsave\(")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_cell_overwrites_a_committed_measurement(path):
+    """The lessons read the records under benchmarks/; a cell that runs a benchmark's
+    command (which saves its record) would replace the committed one on a GPU, and the
+    next run of the lesson would read the learner's partial sweep instead."""
+    for i, cell in enumerate(code_cells(path)):
+        if "course_utils.bench" in cell.source:
+            assert not SAVES.search(cell.source), \
+                f"{path.name} code cell {i} runs a benchmark command that saves its record"

@@ -139,59 +139,47 @@ def main(argv=None):
             record["checks"][f"{name}_d{d}"] = {"failures": bad, "worst": worst}
             ok[(name, d)] = not bad
             print(f"check {name} D={d}: {'ok' if not bad else bad} worst {worst}", flush=True)
-    b, h = 4, 32
-    for d in (128, 64):
-        for n in (4096, 16384):
-            for causal in (False, True):
-                gen = torch.Generator(device=device.DEVICE).manual_seed(n + d)
-                q, k, v = (torch.randn(b, h, n, d, device=device.DEVICE, dtype=torch.float16,
-                                       generator=gen) for _ in range(3))
-                flops = common.attention_flops(b, h, n, n, d, causal)
-                row = {"d": d, "n": n, "causal": causal}
-                fns = {key: common.sdpa(key, q, k, v, causal) for key in ("flash", "cudnn")}
-                for name, (f, kw) in sixteen.items():
-                    if ok[(name, d)]:
-                        fns[name] = (lambda f=f, kw=kw: f(q, k, v, is_causal=causal, **kw))
-                preps = {}
-                for name, (pkw, kw) in variants.items():
-                    if ok[(name, d)]:
-                        key = tuple(sorted(pkw.items()))
-                        if key not in preps:
-                            preps[key] = fp8.prepare_fp8(q, k, v, hadamard=True, kernel="gluon",
-                                                         **pkw)
-                        fns[name] = (lambda p=preps[key], kw=kw:
-                                     attention_gluon_fp8(p, is_causal=causal, **kw))
-                if ok[("t8", d)]:
-                    pt = fp8.prepare_fp8(q, k, v, hadamard=True, kernel="triton")
-                    fns["t8"] = lambda: fp8.attention_fp8_prepared(pt, is_causal=causal)
-                for key, fn in fns.items():
-                    try:
-                        ms = common.time_ms(fn, rep=a.rep)
-                        row[key] = round(flops / ms / 1e9, 1)
-                    except Exception as e:  # noqa: BLE001
-                        row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                for kern in ("gluon", "triton"):
-                    row[f"quant_ms_{kern}"] = round(common.time_ms(
-                        lambda: fp8.prepare_fp8(q, k, v, hadamard=True, kernel=kern),
-                        rep=a.rep), 3)
-                best16 = max((k16 for k16 in fns if not k16.startswith(("g8", "t8"))
-                              and row.get(k16)), key=lambda k16: row[k16])
-                row["best16"] = best16
-                for key in fns:
-                    if key.startswith(("g8", "t8")) and row.get(key):
-                        row[f"{key}_x_best16"] = round(row[key] / row[best16], 3)
-                        row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
-                        quant = row["quant_ms_gluon" if key.startswith("g8") else
-                                    "quant_ms_triton"]
-                        row[f"{key}_with_quant"] = round(
-                            flops / (flops / (row[key] * 1e9) + quant) / 1e9, 1)
-                for key in list(sixteen):
-                    if row.get(key):
-                        row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
-                record["rows"].append(row)
-                print(json.dumps(row), flush=True)
-                del q, k, v, preps, fns
-                torch.cuda.empty_cache()
+    for q, k, v, causal, flops, row in common.forward_points((128, 64)):
+        d = row["d"]
+        fns = {key: common.sdpa(key, q, k, v, causal) for key in ("flash", "cudnn")}
+        for name, (f, kw) in sixteen.items():
+            if ok[(name, d)]:
+                fns[name] = (lambda f=f, kw=kw: f(q, k, v, is_causal=causal, **kw))
+        preps = {}
+        for name, (pkw, kw) in variants.items():
+            if ok[(name, d)]:
+                key = tuple(sorted(pkw.items()))
+                if key not in preps:
+                    preps[key] = fp8.prepare_fp8(q, k, v, hadamard=True, kernel="gluon",
+                                                 **pkw)
+                fns[name] = (lambda p=preps[key], kw=kw:
+                             attention_gluon_fp8(p, is_causal=causal, **kw))
+        if ok[("t8", d)]:
+            pt = fp8.prepare_fp8(q, k, v, hadamard=True, kernel="triton")
+            fns["t8"] = lambda: fp8.attention_fp8_prepared(pt, is_causal=causal)
+        common.time_tflops(row, fns, flops, a.rep)
+        for kern in ("gluon", "triton"):
+            row[f"quant_ms_{kern}"] = round(common.time_ms(
+                lambda: fp8.prepare_fp8(q, k, v, hadamard=True, kernel=kern),
+                rep=a.rep), 3)
+        best16 = max((k16 for k16 in fns if not k16.startswith(("g8", "t8"))
+                      and row.get(k16)), key=lambda k16: row[k16])
+        row["best16"] = best16
+        for key in fns:
+            if key.startswith(("g8", "t8")) and row.get(key):
+                row[f"{key}_x_best16"] = round(row[key] / row[best16], 3)
+                row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
+                quant = row["quant_ms_gluon" if key.startswith("g8") else
+                            "quant_ms_triton"]
+                row[f"{key}_with_quant"] = round(
+                    flops / (flops / (row[key] * 1e9) + quant) / 1e9, 1)
+        for key in list(sixteen):
+            if row.get(key):
+                row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
+        record["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        del q, k, v, preps, fns
+        torch.cuda.empty_cache()
     if a.out:
         Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     return 0

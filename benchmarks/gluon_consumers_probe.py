@@ -84,30 +84,18 @@ def main(argv=None):
             record["checks"][f"{name}_d{d}"] = bad or "ok"
             ok[(name, d)] = not bad
             print(f"check {name} D={d}: {'ok' if not bad else bad}", flush=True)
-    b, h = 4, 32
-    for d in (64, 128):
-        for n in (4096, 16384):
-            for causal in (False, True):
-                gen = torch.Generator(device=device.DEVICE).manual_seed(n + d)
-                q, k, v = (torch.randn(b, h, n, d, device=device.DEVICE, dtype=torch.float16,
-                                       generator=gen) for _ in range(3))
-                flops = common.attention_flops(b, h, n, n, d, causal)
-                row = {"d": d, "n": n, "causal": causal}
-                fns = {key: common.sdpa(key, q, k, v, causal) for key in ("flash", "cudnn")}
-                for name, (fwd, kw) in runs.items():
-                    if ok[(name, d)]:
-                        fns[name] = (lambda fwd=fwd, kw=kw: fwd(q, k, v, is_causal=causal, **kw))
-                for key, fn in fns.items():
-                    try:
-                        ms = common.time_ms(fn, rep=a.rep)
-                        row[key] = round(flops / ms / 1e9, 1)
-                    except Exception as e:  # noqa: BLE001
-                        row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                for key in list(row):
-                    if key in fns and key != "cudnn" and row.get("cudnn"):
-                        row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
-                record["rows"].append(row)
-                print(json.dumps(row), flush=True)
+    for q, k, v, causal, flops, row in common.forward_points((64, 128)):
+        d = row["d"]
+        fns = {key: common.sdpa(key, q, k, v, causal) for key in ("flash", "cudnn")}
+        for name, (fwd, kw) in runs.items():
+            if ok[(name, d)]:
+                fns[name] = (lambda fwd=fwd, kw=kw: fwd(q, k, v, is_causal=causal, **kw))
+        common.time_tflops(row, fns, flops, a.rep)
+        for key in list(row):
+            if key in fns and key != "cudnn" and row.get("cudnn"):
+                row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
+        record["rows"].append(row)
+        print(json.dumps(row), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
     return 0

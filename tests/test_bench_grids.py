@@ -67,3 +67,23 @@ def test_table_columns_and_skips_come_from_the_records():
     assert table.undeclared("gluon", False, 128, 4096, torch.float16) is None
     assert table.undeclared("tma", True, 64, 4096, torch.bfloat16) is None
     assert "head dim" in table.undeclared("fp8", False, 256, 4096, torch.float16)
+
+
+def test_probe_sweep_draws_the_same_inputs_and_records_failures():
+    from course_utils.bench import common
+    points = list(common.forward_points((16, 32), lengths=(8,), b=1, h=2))
+    assert [(r["d"], r["n"], r["causal"]) for *_, r in points] == \
+        [(16, 8, False), (16, 8, True), (32, 8, False), (32, 8, True)]
+    (q0, k0, v0, c0, f0, _), (q1, k1, v1, c1, f1, _) = points[:2]
+    assert q0.shape == (1, 2, 8, 16) and not c0 and c1
+    # causal and not see the same inputs, and the causal forward counts half the FLOPs
+    assert torch.equal(q0, q1) and torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert f1 == f0 / 2 == common.attention_flops(1, 2, 8, 8, 16, True)
+    assert not torch.equal(points[0][0][..., :16], points[2][0][..., :16])
+
+    def boom():
+        raise RuntimeError("does not compile\nsecond line")
+    row = common.time_tflops({"d": 16}, {"ok": lambda: q0 @ k0.transpose(-1, -2), "bad": boom},
+                             1e15, rep=10)
+    assert isinstance(row["ok"], float) and row["ok"] > 0 and "bad" not in row
+    assert row["bad_error"].startswith("RuntimeError: does not compile")

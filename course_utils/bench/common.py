@@ -85,6 +85,32 @@ def attention_flops(b, h, nq, nk, d, causal, mode="fwd") -> float:
     return {"fwd": f, "bwd": 2.5 * f, "fwd+bwd": 3.5 * f}[mode]
 
 
+def forward_points(head_dims, lengths=(4096, 16384), b=4, h=32, dtype=torch.float16):
+    """The forward probes' sweep: for each head dim, length and causal setting (off,
+    then on), seeded inputs ``q, k, v`` of shape ``(b, h, n, d)``, the forward's FLOPs
+    and the row that names the point. The same point draws the same inputs in every
+    probe."""
+    for d in head_dims:
+        for n in lengths:
+            for causal in (False, True):
+                gen = torch.Generator(device=device.DEVICE).manual_seed(n + d)
+                q, k, v = (torch.randn(b, h, n, d, device=device.DEVICE, dtype=dtype,
+                                       generator=gen) for _ in range(3))
+                yield (q, k, v, causal, attention_flops(b, h, n, n, d, causal),
+                       {"d": d, "n": n, "causal": causal})
+
+
+def time_tflops(row: dict, fns: dict, flops: float, rep: int) -> dict:
+    """Time each zero-argument callable of ``fns`` into ``row[name]`` as TFLOPS (one
+    decimal); a callable that raises gets ``row[name + "_error"]`` instead."""
+    for key, fn in fns.items():
+        try:
+            row[key] = round(flops / time_ms(fn, rep=rep) / 1e9, 1)
+        except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+            row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return row
+
+
 def device_slug() -> str:
     return re.sub(r"[^a-z0-9]+", "-", device.describe()["name"].lower()).strip("-")
 

@@ -128,23 +128,13 @@ def sdpa_agrees():
 def breakdown():
     """Where one decode step's GPU time goes: split kernel vs merge kernel, and the
     configuration the autotuner picked, for a few shapes of the benchmark."""
-    from torch.profiler import ProfilerActivity, profile
     from course_utils import triton_decode
+    from course_utils.bench import common
     for b, n in ((1, 4096), (8, 4096), (1, 32768), (1, 65536)):
         q = torch.randn(b, 32, 1, 128, device=device.DEVICE, dtype=torch.float16)
         k = torch.randn(b, 8, n, 128, device=device.DEVICE, dtype=torch.float16)
         v = torch.randn_like(k)
-        for _ in range(3):
-            decode_attention(q, k, v)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                decode_attention(q, k, v)
-            torch.cuda.synchronize()
-        times = {}
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                times[e.name] = times.get(e.name, 0.0) + e.device_time / 10
+        times = common.kernel_us(lambda: decode_attention(q, k, v), calls=10)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             decode_attention(q, k, v)

@@ -144,20 +144,8 @@ def point(b, n, flush):
 
 def kernel_times(q, k, v):
     """Per-kernel GPU time of one eager step (no flush), from the profiler."""
-    from torch.profiler import ProfilerActivity, profile
     from course_utils.triton_decode import decode_attention
-    for _ in range(3):
-        decode_attention(q, k, v)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            decode_attention(q, k, v)
-        torch.cuda.synchronize()
-    times = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            times[e.name] = times.get(e.name, 0.0) + e.device_time / 20
-    return {"two_launch": times}
+    return {"two_launch": common.kernel_us(lambda: decode_attention(q, k, v), calls=20)}
 
 
 def main(argv=None):

@@ -111,6 +111,24 @@ def time_tflops(row: dict, fns: dict, flops: float, rep: int) -> dict:
     return row
 
 
+def kernel_us(fn, calls: int = 20, warmup: int = 3) -> dict:
+    """GPU time of each kernel ``fn`` launches, in µs per call of ``fn``: ``calls`` eager
+    calls under the PyTorch profiler (no L2 flush), after ``warmup`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            times[e.name] = times.get(e.name, 0.0) + e.device_time / calls
+    return times
+
+
 def device_slug() -> str:
     return re.sub(r"[^a-z0-9]+", "-", device.describe()["name"].lower()).strip("-")
 

@@ -2,10 +2,11 @@
 ``python course.py test`` calls after setting up the environment).
 
 1. the generated problem-set notebooks are in sync with their solutions;
-2. pytest over ``tests/`` (course_utils, the pipeline, the exercises, grading, ...);
-3. nbval over every lesson in ``notebooks/`` and every problem set in ``solutions/``.
+2. one pytest run over ``tests/`` (course_utils, the pipeline, the exercises, grading,
+   ...) and, under nbval, every lesson in ``notebooks/`` and every problem set in
+   ``solutions/`` (each notebook's cells stay together on one test worker, in order).
 
-Extra arguments go to both pytest runs (for example ``-x`` or ``-k softmax``).
+Extra arguments go to pytest (for example ``-x`` or ``-k softmax``).
 """
 from __future__ import annotations
 
@@ -32,15 +33,15 @@ def steps(extra):
     py = sys.executable
     # the grading tests spend much of their time waiting (kernels starting, cells timed
     # out on purpose), so one worker more than the cores keeps both busy: on 2 cores
-    # pytest took 420 s with 3 workers, 455 s with 2 and 433 s with 4 (same tests)
+    # pytest took 420 s with 3 workers, 455 s with 2 and 433 s with 4 (same tests). The
+    # notebooks run in the same pytest run, so they fill the workers' gaps instead of
+    # waiting for the slowest test, and pytest starts its workers once
     return [
         ("generated notebooks in sync", [py, "-m", "course_utils.problems", "check"]),
-        ("unit and integration tests",
-         [py, "-m", "pytest", "tests", "-p", "no:cacheprovider", *_par(_workers(spare=1)),
-          "--dist", "loadgroup", "--timeout", "900", *extra]),
-        ("lessons and solutions under nbval",
-         [py, "-m", "pytest", "--nbval-lax", "notebooks", "solutions", "-p", "no:cacheprovider",
-          *_par(_workers()), "--dist", "loadfile", "--nbval-cell-timeout", "600", *extra]),
+        ("tests, and the lessons and solutions under nbval",
+         [py, "-m", "pytest", "tests", "notebooks", "solutions", "-p", "no:cacheprovider",
+          *_par(_workers(spare=1)), "--dist", "loadgroup", "--timeout", "900",
+          "--nbval-lax", "--nbval-cell-timeout", "600", *extra]),
     ]
 
 

@@ -36,17 +36,29 @@ LONG_FIRST = (
     "test_problem_set_scores_right_and_wrong[09_",
     "test_problem_set_scores_right_and_wrong[02_",
     "test_problem_set_scores_right_and_wrong[08_",
+    "test_build_every_lesson",
     "test_rerun_same_scores_crash_isolation_and_resume",
     "test_problem_set_scores_right_and_wrong[",
 )
 
 
+def _is_notebook(item) -> bool:
+    return str(getattr(item, "path", "")).endswith(".ipynb")
+
+
 def _start_rank(item) -> int:
     group = item.get_closest_marker("xdist_group")
     name = item.nodeid + (f"@{group.args[0]}" if group and group.args else "")
-    return next((i for i, part in enumerate(LONG_FIRST) if part in name), len(LONG_FIRST))
+    rank = next((i for i, part in enumerate(LONG_FIRST) if part in name), None)
+    if rank is not None:
+        return rank
+    # then the notebooks (several seconds each), then the many short tests that fill
+    # whatever is left at the end
+    return len(LONG_FIRST) + (0 if _is_notebook(item) else 1)
 
 
+# first, so that pytest-xdist (which names each test by its group) sees the notebooks' groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_hopper = pytest.mark.skip(reason="needs an sm90 (Hopper) GPU")
@@ -55,5 +67,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "hopper" in item.keywords and not device.IS_HOPPER:
             item.add_marker(skip_hopper)
-    # stable: the tests of one group (one module fixture) keep their order
+    # the cells of a notebook under nbval run in one kernel, in order: one worker each
+    for item in items:
+        if _is_notebook(item):
+            item.add_marker(pytest.mark.xdist_group(
+                f"notebook:{item.path.parent.name}/{item.path.name}"))
+    # stable: the tests of one group (one module fixture, one notebook) keep their order
     items.sort(key=_start_rank)

@@ -363,9 +363,10 @@ def test_check_statements_are_guarded_so_later_checks_still_run():
 # ------------------------------------------------------------------ re-runs and crashes
 def test_rerun_same_scores_crash_isolation_and_resume(tiny, tmp_path, monkeypatch):
     subs = tmp_path / "subs"
-    H.make_class(tiny, subs, names={"honest", "partial", "rng_user"})
-    first = grader.grade(H.NAME, subs, tmp_path / "a", workers=2, cell_timeout=CELL_TIMEOUT,
-                         timeout=120, root=tiny).scores()
+    expected = H.make_class(tiny, subs, names={"honest", "partial", "rng_user"})
+    # the scores these submissions must get (the adversarial class checks them beside
+    # the others); a crash and a resumed run must come back to exactly these
+    first = {name: sum(points.values()) for name, (points, _) in expected.items()}
     assert first == {"honest": 4, "partial": 3, "rng_user": 4}
 
     real = grader.grade_run
@@ -954,27 +955,85 @@ def test_runs_start_fresh_when_the_warm_process_is_gone(tiny, tmp_path):
     assert not sandbox.marked_processes({token})
 
 
+WARM_THEN_EXIT = r"""
+import json, sys
+from pathlib import Path
+from course_utils.grading import sandbox
+box = sandbox.Sandbox(Path(sys.argv[1]), [sys.argv[1]], sandbox.detect("namespaces"))
+box._warm._start()
+print(json.dumps({"token": box.token, "pid": box._warm.proc.pid, "stage": str(box.stage)}))
+box.close()          # the class ends; the process then exits without releasing anything
+"""
+
+
 @pytest.mark.skipif(not sandbox.warm_starts_possible(ISOLATION),
                     reason="warm starts need the namespaces")
-def test_the_warm_process_ends_with_its_class(tiny, tmp_path):
+def test_one_warm_process_serves_every_class_of_the_grader_and_ends_with_it(tiny, tmp_path):
+    """A class graded, then another class's sandbox in the same process: the second
+    forks its run from the warm process and uses the staged package the first started
+    (nothing is imported or copied twice); the warm process and the stage end with the
+    grading process."""
     subs = tmp_path / "subs"
     H.make_class(tiny, subs, names={"honest"})
     seen = []
     real = sandbox.Sandbox.close
 
     def close(box):
-        seen.append((box.token, box.warm_runs, box.cold_runs))
+        seen.append((box.token, box._warm.proc.pid, box.stage, box.warm_runs, box.cold_runs))
         real(box)
     try:
         sandbox.Sandbox.close = close
         res = grader.grade(H.NAME, subs, tmp_path / "out", workers=1,
                            cell_timeout=CELL_TIMEOUT, timeout=120, root=tiny)
+        assert res.scores() == {"honest": 4}
+        (tmp_path / "next").mkdir()
+        with sandbox.Sandbox(tmp_path / "next", [ROOT, tiny], ISOLATION) as box:
+            kernels, view = _kernel_view(box, tmp_path / "next" / "jobs" / "a")
+        assert kernels == {"warm": 1, "cold": 0} and view["cwd"] == "JOB/work"
     finally:
         sandbox.Sandbox.close = real
-    assert res.scores() == {"honest": 4}
-    [(token, warm, cold)] = seen
-    assert (warm, cold) == (4, 0)      # the official solution's two runs, then the student's
-    assert not sandbox.marked_processes({token})
+    (t1, pid1, stage1, *runs1), (t2, pid2, stage2, *runs2) = seen
+    # the class: the official solution's two runs, then the student's two, all warm
+    assert runs1 == [4, 0] and runs2 == [1, 0] and (t1, pid1, stage1) == (t2, pid2, stage2)
+    assert sandbox.marked_processes({t1}) == [pid1] and stage1.is_dir()
+    sandbox.release_shared()                           # what the end of the process does
+    assert not sandbox.marked_processes({t1}) and not stage1.exists()
+    # and a grading process that simply exits takes its warm process and stage with it
+    (tmp_path / "scratch").mkdir()
+    r = subprocess.run([sys.executable, "-c", WARM_THEN_EXIT, str(tmp_path / "scratch")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = json.loads(r.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 30
+    while sandbox.marked_processes({said["token"]}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not sandbox.marked_processes({said["token"]}) and not Path(said["stage"]).exists()
+
+
+@pytest.mark.skipif(not sandbox.warm_starts_possible(ISOLATION),
+                    reason="warm starts need the namespaces")
+def test_a_warm_process_serves_only_classes_that_start_alike(tiny, tmp_path, monkeypatch):
+    """A class whose runs would start with another environment (here another Triton
+    mode) gets a warm process of its own; a dead one is replaced at the next class."""
+    boxes = []
+    for i, interpret in enumerate(("1", "0", "1")):
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+        (tmp_path / str(i)).mkdir()
+        boxes.append(sandbox.Sandbox(tmp_path / str(i), [ROOT, tiny], ISOLATION))
+    try:
+        a, b, c = (box._warm for box in boxes)
+        assert a is c and a is not b and a.env["TRITON_INTERPRET"] == "1" != b.env[
+            "TRITON_INTERPRET"]
+        a.close()                    # as after the warm process died
+        (tmp_path / "3").mkdir()
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        boxes.append(sandbox.Sandbox(tmp_path / "3", [ROOT, tiny], ISOLATION))
+        assert boxes[-1]._warm is not a and not boxes[-1]._warm.dead
+    finally:
+        for box in boxes:
+            box.close()
+        sandbox.release_shared()
 
 
 def test_sandbox_refuses_what_is_missing(monkeypatch):

@@ -125,6 +125,10 @@ def test_build_rejects_bad_arguments(tmp_path):
     assert (tmp_path / "busy" / "keep.txt").exists()
 
 
+# the tests of the small course run on one test worker, so it is built once
+SMALL_COURSE = pytest.mark.xdist_group("site-small-course")
+
+
 @pytest.fixture(scope="module")
 def small_course(tmp_path_factory):
     """Four tiny lessons: one that links to the others, one with a view shown through
@@ -160,6 +164,7 @@ def small_course(tmp_path_factory):
         yield src, out, cache, report
 
 
+@SMALL_COURSE
 def test_build_renders_filmstrips_and_an_index(small_course):
     src, out, _, report = small_course
     assert [how for _, how, _ in report.lessons] == ["executed"] * 4
@@ -175,6 +180,7 @@ def test_build_renders_filmstrips_and_an_index(small_course):
     assert '<a href="01_tiles.html">Tiles &rarr;</a>' in intro
 
 
+@SMALL_COURSE
 def test_build_renders_math_offline(small_course):
     """The math is MathML in the page, no script comes from another site, and the
     heading's anchor (which holds the LaTeX) still works."""
@@ -228,6 +234,7 @@ def test_strip_remote_scripts_and_check_flags_them(tmp_path):
     assert not any("beta" in p for p in problems)
 
 
+@SMALL_COURSE
 def test_build_reports_live_widgets_and_failing_lessons(small_course):
     _, out, _, report = small_course
     assert report.problems == [
@@ -238,6 +245,7 @@ def test_build_reports_live_widgets_and_failing_lessons(small_course):
     assert (out / "notebooks" / "03_broken.html").exists(), "a failing lesson is still shown"
 
 
+@SMALL_COURSE
 def test_build_reuses_earlier_runs_and_renders_as_is(small_course, tmp_path):
     src, _, cache, _ = small_course
     again = site.build(tmp_path / "again", src=src, lessons=["00", "01"], cache_dir=cache,
@@ -259,6 +267,7 @@ def test_build_reuses_earlier_runs_and_renders_as_is(small_course, tmp_path):
                       log=lambda m: None).problems == raw.problems
 
 
+@SMALL_COURSE
 def test_outputs_from_an_executed_copy_only_while_its_code_is_current(small_course, tmp_path):
     src, _, cache, _ = small_course
     executed = tmp_path / "gpu"
@@ -293,6 +302,7 @@ def test_outputs_from_an_executed_copy_only_while_its_code_is_current(small_cour
         site.build(tmp_path / "x", src=lessons, outputs_dir=tmp_path / "nowhere")
 
 
+@SMALL_COURSE
 def test_build_leaves_this_process_alone(small_course):
     assert os.environ.get("COURSE_STATIC_WIDGETS") != "1", "only the kernels are static"
 
@@ -403,6 +413,7 @@ def test_build_every_lesson(tmp_path):
     assert "application/vnd.jupyter.widget-view+json" not in page
 
 
+@SMALL_COURSE
 def test_each_lesson_is_kept_as_soon_as_it_has_run(small_course, tmp_path, monkeypatch):
     """A long GPU run stopped part-way keeps (and has logged) the lessons it finished."""
     src, _, _, _ = small_course

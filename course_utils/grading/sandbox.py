@@ -24,15 +24,22 @@ The kernel imports ``course_utils`` from a private staged copy of the package
 (no ``solutions/``, ``tests/`` or other file of the checkout), never from the
 checkout.
 
-Where the namespaces are in force, each run is forked from one warm process per class
+Where the namespaces are in force, each run is forked from a warm process
 (``warm.py``) that has imported PyTorch and the Jupyter machinery once, instead of
 starting two fresh Pythons; it enters the same sandbox. ``COURSE_GRADE_WARM=0`` turns
-that off.
+that off. There the staged package and the warm process belong to the grading process,
+not to one class: a process that grades several classes (a script over every problem set,
+the course's own tests) stages and imports once, and both end with it. Each run still
+learns everything of its class (folders, limits, environment) from its own configuration
+after the fork, and the warm process serves only classes whose runs would start with the
+same environment it has.
 """
 from __future__ import annotations
 
+import atexit
 import compileall
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -43,8 +50,8 @@ import socket
 import subprocess
 import sys
 import threading
+import tempfile
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +177,109 @@ def _library_paths(hidden) -> list[str]:
     return out
 
 
+def _stage_package(dest: Path):
+    """Copy ``course_utils`` (and the committed measurements it reads) to ``dest``."""
+    shutil.copytree(PACKAGE, dest / "course_utils",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # compiled here, once: the kernels see the copy read-only, so each of them would
+    # otherwise compile every course module it imports again
+    compileall.compile_dir(dest / "course_utils", quiet=2)
+    # the committed measurements are course material the problem sets read (a profile
+    # to interpret, say); only the data files, never the scripts
+    bench = PACKAGE.parent / "benchmarks"
+    if bench.is_dir():
+        shutil.copytree(bench, dest / "benchmarks", ignore=_bench_data_only)
+
+
+def _bench_data_only(d, names):
+    return [n for n in names if not (os.path.isdir(os.path.join(d, n)) and n != "verify"
+                                     or n.endswith((".json", ".txt", ".md")))]
+
+
+def _package_fingerprint() -> str:
+    """Names, sizes and times of every file the stage copies: a changed package (an
+    edit between two classes of a long-lived process) gets a new stage."""
+    h = hashlib.sha256()
+    for top in (PACKAGE, PACKAGE.parent / "benchmarks"):
+        for d, dirs, files in os.walk(top):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+            for f in sorted(files):
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(d, f))
+                    h.update(f"{os.path.join(d, f)}\0{st.st_size}\0{st.st_mtime_ns}\n"
+                             .encode())
+    return h.hexdigest()
+
+
+class _Shared:
+    """What every class graded by this process shares where the namespaces hold: the
+    staged package and the warm processes (one per distinct starting environment).
+    Both live in one private folder and end with the process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pid = None
+        self._top = None
+        self._stages = {}            # fingerprint -> staged folder
+        self._warm = {}              # starting argv and environment -> _WarmParent
+
+    def _mine(self):
+        """(under the lock) this process's folder; a forked child starts its own"""
+        if self._pid != os.getpid():
+            self._pid, self._top, self._stages, self._warm = os.getpid(), None, {}, {}
+        if self._top is None or not self._top.is_dir():
+            self._top = Path(tempfile.mkdtemp(prefix="course-grade-shared-"))
+            self._stages, self._warm = {}, {}
+        return self._top
+
+    def stage(self) -> Path:
+        fp = _package_fingerprint()
+        with self._lock:
+            top = self._mine()
+            if fp not in self._stages:
+                dest = top / f"stage-{len(self._stages)}"
+                _stage_package(dest)
+                self._stages[fp] = dest
+            return self._stages[fp]
+
+    def warm(self, box: "Sandbox") -> "_WarmParent":
+        argv = [box.python, str(box.stage / "course_utils" / "grading" / "warm.py")]
+        key = (tuple(argv), tuple(sorted(box._env(Path("/"), "/tmp", "").items())))
+        with self._lock:
+            top = self._mine()
+            parent = self._warm.get(key)
+            if parent is None or parent.dead:
+                token = secrets.token_hex(12)
+                home = top / f"warm-{token[:8]}"
+                # PyTorch asks NVML rather than the CUDA driver whether a GPU is there,
+                # since a process that started CUDA cannot fork a child that uses it
+                env = dict(box._env(home / "home", "/tmp", token),
+                           PYTORCH_NVML_BASED_CUDA_CHECK="1")
+                parent = self._warm[key] = _WarmParent(argv, env, home, token)
+            return parent
+
+    def release(self):
+        """Stop the warm processes and remove the shared folder."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return
+            for parent in self._warm.values():
+                parent.close()
+            if self._top is not None:
+                shutil.rmtree(self._top, ignore_errors=True)
+            self._top, self._stages, self._warm = None, {}, {}
+
+
+_SHARED = _Shared()
+atexit.register(_SHARED.release)
+
+
+def release_shared():
+    """End this process's warm processes and remove its staged package (they are
+    otherwise kept for the next class until the process exits)."""
+    _SHARED.release()
+
+
 class Sandbox:
     """One class run's sandbox: the staged package, what to hide, the limits."""
 
@@ -177,20 +287,13 @@ class Sandbox:
                  cpu_seconds: float = 1200):
         self.scratch = Path(scratch)
         self.isolation = isolation
-        self.stage = self.scratch / "stage"
-        shutil.copytree(PACKAGE, self.stage / "course_utils",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        # compiled here, once per class: the kernels see the copy read-only, so each of
-        # them would otherwise compile every course module it imports again
-        compileall.compile_dir(self.stage / "course_utils", quiet=2)
-        # the committed measurements are course material the problem sets read (a
-        # profile to interpret, say); only the data files, never the scripts
-        bench = PACKAGE.parent / "benchmarks"
-        if bench.is_dir():
-            shutil.copytree(bench, self.stage / "benchmarks",
-                            ignore=lambda d, names: [n for n in names if not (
-                                os.path.isdir(os.path.join(d, n)) and n != "verify"
-                                or n.endswith((".json", ".txt", ".md")))])
+        # under the namespaces the stage is mounted read-only in every run, so one copy
+        # serves every class this process grades; elsewhere a run could write to it
+        if isolation.namespaces:
+            self.stage = _SHARED.stage()
+        else:
+            self.stage = self.scratch / "stage"
+            _stage_package(self.stage)
         home = os.path.expanduser("~")
         self.hide = sorted({str(Path(p).resolve()) for p in hide if p} |
                            {str(self.scratch.resolve()), "/tmp", "/dev/shm",
@@ -204,8 +307,9 @@ class Sandbox:
         self.cpu = int(cpu_seconds)
         self._live = {}                     # pid -> marker token of each run in progress
         self._lock = threading.Lock()
-        self.token = secrets.token_hex(12)  # the warm process's marker
-        self._warm = _WarmParent(self) if warm_starts_possible(isolation) else None
+        self._warm = _SHARED.warm(self) if warm_starts_possible(isolation) else None
+        # the warm process's marker (every process it starts carries it)
+        self.token = self._warm.token if self._warm is not None else secrets.token_hex(12)
         self.warm_runs = self.cold_runs = 0
 
     def _limits(self):
@@ -333,10 +437,9 @@ class Sandbox:
             sweep(token)
 
     def close(self):
-        """Stop every run and the warm process."""
+        """Stop every run of this class. The warm process stays for the next class this
+        process grades; it ends with the process (or :func:`release_shared`)."""
         self.kill_all()
-        if self._warm is not None:
-            self._warm.close()
 
     def __enter__(self):
         return self
@@ -373,25 +476,18 @@ def warm_starts_possible(isolation: Isolation) -> bool:
 
 class _WarmParent:
     """The grader's end of ``warm.py``, started at the first run that asks for it. Any
-    trouble with it (it did not start, died, answered nonsense) turns it off for the rest
-    of the class: the runs then start fresh, as they would without it."""
+    trouble with it (it did not start, died, answered nonsense) turns it off: the runs
+    then start fresh, as they would without it, and the next class starts another."""
 
     START_SECONDS = 300      # its imports, on a loaded machine
     ANSWER_SECONDS = 60
 
-    def __init__(self, box: "Sandbox"):
-        self.top = box.scratch / "warm"
-        self.argv = [box.python, str(box.stage / "course_utils" / "grading" / "warm.py")]
-        # the environment every run of the class shares (a run's own comes after the fork);
-        # PyTorch asks NVML rather than the CUDA driver whether a GPU is there, since a
-        # process that started CUDA cannot fork a child that uses it
-        self.env = dict(box._env(self.top / "home", "/tmp", box.token),
-                        PYTORCH_NVML_BASED_CUDA_CHECK="1")
+    def __init__(self, argv, env, top: Path, token: str):
+        self.argv, self.env, self.top, self.token = list(argv), dict(env), Path(top), token
         self.proc = self.sock = self.lines = None
         self.ready = False
         self.dead = False
         self._lock = threading.Lock()
-        weakref.finalize(box, _WarmParent.close, self)
 
     def _start(self):
         (self.top / "home").mkdir(parents=True, exist_ok=True)

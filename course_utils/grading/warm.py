@@ -1,12 +1,14 @@
-"""Warm starts: every graded run of a class forked from one process that has already
+"""Warm starts: every graded run forked from one process that has already
 imported what each run imports.
 
-    python warm.py FD        (started by the grader, once per class; FD: its socket)
+    python warm.py FD        (started by the grader, once per grading process and starting
+                              environment; FD: its socket)
 
 A graded run starts two Pythons, the runner and then its Jupyter kernel, and each spends
 most of its first seconds importing PyTorch and the Jupyter machinery (about 1.5 CPU
 seconds for PyTorch alone on a small CPU machine). This process imports them once, with
-the environment that every run of the class shares, and then forks one child per run.
+the environment that every run it serves shares (the grader starts another for a class
+whose runs would start otherwise), and then forks one child per run.
 The child enters the run's sandbox as ``sandbox_exec.py`` does for a fresh process, but
 from inside (:func:`sandbox_exec.enter_namespaces`), becomes the runner in-process, and
 the runner forks the kernel from itself (``runner.main(..., warm=True)``).
@@ -14,7 +16,8 @@ the runner forks the kernel from itself (``runner.main(..., warm=True)``).
 Why this keeps the runs apart: nothing here runs student code, and it imports nothing
 of the course but the two standard-library scripts beside it, so a run is a copy of this
 process taken before anything of that run, or of any other, existed; it learns its own
-settings only after the fork, from its configuration file. The grader uses it only where
+settings only after the fork, from its configuration file (so runs of different classes
+are as far apart as runs of one class). The grader uses it only where
 the namespaces are in force: then a run cannot see or signal this process or another
 run, and everything a run starts dies with the first process of its pid namespace.
 Elsewhere, and whenever this process is missing, each run starts fresh.

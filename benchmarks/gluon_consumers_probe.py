@@ -1,5 +1,5 @@
 """Variants of the Gluon forward (sm90): two or three consumer warpgroups taking turns,
-two or three stages.
+two or three stages, key blocks of 64, 128 or 256.
 
     python benchmarks/gluon_consumers_probe.py [--out FILE.json] [--rep MS]
         [--variants pp2_s2,pp3_s2,...] [--baseline OLD_gluon_fwd.py]
@@ -34,6 +34,11 @@ VARIANTS = {
     "pp3_s2": dict(pingpong=True, consumers=3, stages=2),
     "pp3_s3": dict(pingpong=True, consumers=3, stages=3),
     "pp3_s2_r168": dict(pingpong=True, consumers=3, stages=2, consumer_regs=168),
+    # key blocks of 64 and 256 (256 fits shared memory at head dim 64 only)
+    "pp2_s2_n64": dict(pingpong=True, stages=2, block_n=64),
+    "pp2_s3_n64": dict(pingpong=True, stages=3, block_n=64),
+    "pp2_s2_n256": dict(pingpong=True, stages=2, block_n=256),
+    "pp2_s3_n256": dict(pingpong=True, stages=3, block_n=256),
 }
 
 

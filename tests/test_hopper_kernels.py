@@ -95,6 +95,15 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
                                       enable_gqa=True)
     with pytest.raises(ValueError, match="pass pingpong=True"):
         gluon_fwd.attention_gluon(q, k, v, consumers=3, enable_gqa=True)
+    for block_n in (32, 96, 512, True, 128.0):
+        with pytest.raises(ValueError, match="block_n must be one of"):
+            gluon_fwd.attention_gluon(q, k, v, block_n=block_n, enable_gqa=True)
+    # 256 keys a block fit at head dim 64 with 3 stages, not with 4, nor at head dim 128
+    with pytest.raises(ValueError, match="needs 272 KiB of shared memory"):
+        gluon_fwd.attention_gluon(q, k, v, block_n=256, stages=4, enable_gqa=True)
+    q2, k2, v2 = _qkv(1, 2, 2, 100, 100, 128)
+    with pytest.raises(ValueError, match="needs 288 KiB"):
+        gluon_fwd.attention_gluon(q2, k2, v2, block_n=256, enable_gqa=True)
     if not device.IS_HOPPER:
         with pytest.raises(RuntimeError, match="sm90"):
             gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)

@@ -320,17 +320,21 @@ def test_gluon_any_number_of_stages_finishes(stages):
 @pytest.mark.hopper
 @pytest.mark.parametrize("opts", [dict(pipeline=False), dict(pipeline=True, stages=1),
                                   dict(pipeline=True), dict(pingpong=True, stages=3),
-                                  dict(pingpong=True, consumers=3, stages=2)],
+                                  dict(pingpong=True, consumers=3, stages=2),
+                                  dict(pingpong=True, block_n=64),
+                                  dict(pingpong=True, block_n=256, d=64)],
                          ids=["serial", "pipelined-1-stage", "pipelined", "pingpong",
-                              "pingpong-3-consumers"])
+                              "pingpong-3-consumers", "block-n-64", "block-n-256-d64"])
 def test_gluon_masks_lengths_and_rows_without_keys(opts):
     """Both alignments, Nq != Nk both ways (lower-right with Nq > Nk leaves whole tiles
     that see no key), lengths off a multiple of the 128-row tile (masked key tail, query
     rows of the next head not stored), and the same lengths without a mask."""
     from course_utils.hopper import gluon_fwd
+    opts = dict(opts)
+    d = opts.pop("d", 128)
     for nq, nk in ((384, 128), (256, 640), (512, 512), (300, 129), (129, 300), (1, 77)):
-        q = _rand(2, 4, nq, 128, seed=1).half().cuda()
-        k, v = (_rand(2, 2, nk, 128, seed=s).half().cuda() for s in (2, 3))
+        q = _rand(2, 4, nq, d, seed=1).half().cuda()
+        k, v = (_rand(2, 2, nk, d, seed=s).half().cuda() for s in (2, 3))
         for alignment, diag in (("causal_upper_left", 0), ("causal_lower_right", nk - nq)):
             o, lse = gluon_fwd.attention_gluon(q, k, v, is_causal=True, alignment=alignment,
                                                enable_gqa=True, return_lse=True, **opts)

@@ -86,10 +86,14 @@ from course_utils.constants import LN2, LOG2E  # noqa: E402
 from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
 
 __all__ = ["attention_gluon", "attention_gluon_fp8", "GLUON_AVAILABLE", "BLOCK_M",
-           "BLOCK_N", "FP8_BLOCK_N"]
+           "BLOCK_N", "FP8_BLOCK_N", "GLUON_BLOCK_N"]
 
 BLOCK_M = 128
 BLOCK_N = 128
+# key blocks the 16-bit kernel takes (``block_n``), and the shared memory of one sm90
+# block they must fit in with the query tile and the K/V ring (227 KiB)
+GLUON_BLOCK_N = (64, 128, 256)
+SM90_SHARED_BYTES = 227 * 1024
 
 try:
     from triton.experimental import gluon
@@ -645,7 +649,7 @@ def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, gro
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
                     return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
-                    consumers=2, consumer_regs=None):
+                    consumers=2, consumer_regs=None, block_n=BLOCK_N):
     """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
 
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
@@ -653,20 +657,30 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     budget (``setmaxnreg``), leaving the rest of the register file to the consumers.
     ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each take turns
     on the tensor cores; each gets ``consumer_regs`` registers per thread (default 240
-    for two, 160 for three, which is what the register file leaves them)."""
+    for two, 160 for three, which is what the register file leaves them). ``block_n``:
+    keys per block, one of :data:`GLUON_BLOCK_N`, as long as the query tile and
+    ``stages`` K/V blocks fit in shared memory (256 only at head dim 64)."""
     # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)
     tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong,
                                               consumers, consumer_regs)
+    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n not in GLUON_BLOCK_N:
+        raise ValueError(f"block_n must be one of {GLUON_BLOCK_N}, got {block_n!r}")
+    shared = (block_m + 2 * stages * block_n) * sh.D * q.element_size()
+    if shared > SM90_SHARED_BYTES:
+        raise ValueError(f"block_n={block_n} with {stages} stages at head dim {sh.D} needs "
+                         f"{shared // 1024} KiB of shared memory (the query tile and "
+                         f"{stages} K and V blocks); an sm90 block has "
+                         f"{SM90_SHARED_BYTES // 1024} KiB: fewer stages or a smaller block_n")
     _need_hopper("attention_gluon")
     o = torch.empty((sh.B, sh.Hq, sh.Nq, sh.D), device=q.device, dtype=q.dtype)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), device=q.device, dtype=torch.float32)
     _launch(q.contiguous().reshape(-1, sh.D), k.contiguous().reshape(-1, sh.D),
             v.contiguous().reshape(-1, sh.D), o, lse, sh.scale * LOG2E, B=sh.B, Hq=sh.Hq,
             Nq=sh.Nq, Nk=sh.Nk, q_rows=sh.Nq, kv_rows=sh.Nk, group=sh.group, diag=sh.offset,
-            causal=sh.is_causal, block_n=BLOCK_N, stages=stages, pipeline=pipeline,
+            causal=sh.is_causal, block_n=block_n, stages=stages, pipeline=pipeline,
             tiles=tiles, block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs)
     return (o, lse) if return_lse else o
 

@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of each lesson-6 forward configuration, as the
 compiler reports them (no timing): ``python benchmarks/kernel_resources.py``.
 ``--gluon``: the same for lesson 8's ping-pong Gluon forward with two and three consumer
-warpgroups (sm90)."""
+warpgroups and key blocks of 64, 128 and 256 (sm90)."""
 import sys
 from pathlib import Path
 
@@ -28,19 +28,21 @@ def gluon():
         for d in (64, 128):
             q = torch.randn(1, 2, 1024, d, device="cuda", dtype=torch.float16)
             for causal in (False, True):
-                for consumers, stages, regs in ((2, 2, None), (2, 3, None), (3, 2, None),
-                                                (3, 2, 168)):
+                for consumers, stages, regs, block_n in (
+                        (2, 2, None, 128), (2, 3, None, 128), (3, 2, None, 128),
+                        (3, 2, 168, 128), (2, 2, None, 64), (2, 2, None, 256)):
                     try:
                         gf.attention_gluon(q, q, q, is_causal=causal, pingpong=True,
                                            consumers=consumers, stages=stages,
-                                           consumer_regs=regs)
+                                           consumer_regs=regs, block_n=block_n)
                         k = seen[-1]
                         what = (f"registers {k.n_regs}, spills {k.n_spills}, "
                                 f"shared {k.metadata.shared}")
                     except Exception as e:  # noqa: BLE001 - one that does not fit is a result
                         what = f"{type(e).__name__}: {str(e)[:120]}"
                     print(f"gluon d={d:3d} causal={int(causal)} consumers={consumers} "
-                          f"stages={stages} consumer_regs={regs or 'default'}: {what}")
+                          f"stages={stages} consumer_regs={regs or 'default'} "
+                          f"block_n={block_n}: {what}")
     finally:
         gf._attn_fwd_gluon = real
 

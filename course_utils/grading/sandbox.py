@@ -225,9 +225,11 @@ class _Shared:
 
     def _mine(self):
         """(under the lock) this process's folder; a forked child starts its own"""
-        if self._pid != os.getpid():
+        if self._pid != os.getpid():      # the parent's warm processes are not ours
             self._pid, self._top, self._stages, self._warm = os.getpid(), None, {}, {}
         if self._top is None or not self._top.is_dir():
+            for parent in self._warm.values():  # their folder is gone: start afresh
+                parent.close()
             self._top = Path(tempfile.mkdtemp(prefix="course-grade-shared-"))
             self._stages, self._warm = {}, {}
         return self._top

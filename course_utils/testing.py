@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _workers(spare: int = 0) -> str:
-    """Test workers: one per core, at most two, plus ``spare``; ``COURSE_TEST_WORKERS``
-    sets the count for both steps."""
-    return os.environ.get("COURSE_TEST_WORKERS", str(min(2, os.cpu_count() or 1) + spare))
+def _workers() -> str:
+    """Test workers: one per core (at most two) and one more; ``COURSE_TEST_WORKERS``
+    sets the count."""
+    return os.environ.get("COURSE_TEST_WORKERS", str(min(2, os.cpu_count() or 1) + 1))
 
 
 def _par(n: str) -> list[str]:
@@ -40,7 +40,7 @@ def steps(extra):
         ("generated notebooks in sync", [py, "-m", "course_utils.problems", "check"]),
         ("tests, and the lessons and solutions under nbval",
          [py, "-m", "pytest", "tests", "notebooks", "solutions", "-p", "no:cacheprovider",
-          *_par(_workers(spare=1)), "--dist", "loadgroup", "--timeout", "900",
+          *_par(_workers()), "--dist", "loadgroup", "--timeout", "900",
           "--nbval-lax", "--nbval-cell-timeout", "600", *extra]),
     ]
 

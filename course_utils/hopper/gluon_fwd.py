@@ -666,7 +666,7 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
                                 hardware=False)
     tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong,
                                               consumers, consumer_regs)
-    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n not in GLUON_BLOCK_N:
+    if type(block_n) is not int or block_n not in GLUON_BLOCK_N:      # no bool, no float
         raise ValueError(f"block_n must be one of {GLUON_BLOCK_N}, got {block_n!r}")
     shared = (block_m + 2 * stages * block_n) * sh.D * q.element_size()
     if shared > SM90_SHARED_BYTES:

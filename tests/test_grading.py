@@ -879,7 +879,7 @@ def test_sandbox_levels(level, tiny, tmp_path):
 
 
 KERNEL_PROBE = r"""
-import json, os, sys
+import gc, json, os, sys
 def kind(fd):
     try:
         t = os.readlink(f"/proc/self/fd/{fd}")
@@ -891,7 +891,8 @@ print(json.dumps({
     "cwd": os.getcwd(), "path": sys.path, "argv0": os.path.basename(sys.argv[0]),
     "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "fds": sorted(kind(fd) for fd in os.listdir("/proc/self/fd")),
-    "modules": sorted(m for m in sys.modules if m.split(".")[0] == "course_utils")}))
+    "modules": sorted(m for m in sys.modules if m.split(".")[0] == "course_utils"),
+    "xmode": get_ipython().InteractiveTB.mode, "frozen": gc.get_freeze_count()}))
 """
 
 
@@ -933,6 +934,11 @@ def test_warm_kernels_see_what_a_fresh_kernel_sees(tiny, tmp_path, monkeypatch):
     assert warm["argv0"] == cold["argv0"] == "ipykernel_launcher.py"
     assert warm["fds"] == cold["fds"], (warm["fds"], cold["fds"])
     assert warm["modules"] == cold["modules"] == []
+    # both show errors as plain Python tracebacks (IPython's default reads the source of
+    # every frame); the forked one starts with the warm process's imports out of the
+    # garbage collector's sight
+    assert warm["xmode"] == cold["xmode"] == "Plain"
+    assert warm["frozen"] > 10_000 and cold["frozen"] == 0, (warm["frozen"], cold["frozen"])
     # pid 1 is the runner, then its kernel (and whatever the kernel started): nothing else
     assert warm["processes"][0] == 1 and len(warm["processes"]) <= len(cold["processes"]) + 1
 

@@ -31,6 +31,7 @@ The protocol, one line each way over the socket:
   be reused while the grader may still signal it;
 * the end of input ends it.
 """
+import gc
 import importlib
 import json
 import os
@@ -42,7 +43,9 @@ import sandbox_exec
 
 # what a run would otherwise import again: the runner's notebook client, the checking
 # run's pytest, the kernel's Jupyter machinery, PyTorch, and the part of PyTorch that the
-# guards' first call imports (torch._dynamo: more than a second of CPU, once per kernel)
+# guards' first call imports (torch._dynamo: more than a second of CPU, once per kernel).
+# Not the kernel's debugger: importing it sets a variable in the environment, which a
+# forked kernel would then lack
 WARM_MODULES = ("torch", "numpy", "torch._dynamo", "ipykernel.kernelapp", "ipykernel.ipkernel",
                 "nbformat", "nbclient", "pytest")
 
@@ -107,6 +110,11 @@ def serve(fd: int):
         sock.sendall(text.encode() + b"\n")
 
     _imports()
+    # Everything imported so far lives as long as this process: out of the garbage
+    # collector's sight, a run's collections neither walk it (a full one over PyTorch
+    # takes a fifth of a second) nor write to its pages, which the fork shares until then
+    gc.collect()
+    gc.freeze()
     say("ready")
     for raw in lines:
         verb, _, arg = raw.decode("utf-8", "replace").strip().partition(" ")

@@ -938,7 +938,8 @@ def test_warm_kernels_see_what_a_fresh_kernel_sees(tiny, tmp_path, monkeypatch):
     # every frame); the forked one starts with the warm process's imports out of the
     # garbage collector's sight
     assert warm["xmode"] == cold["xmode"] == "Plain"
-    assert warm["frozen"] > 10_000 and cold["frozen"] == 0, (warm["frozen"], cold["frozen"])
+    assert warm["frozen"] > 10_000 and cold["frozen"] < warm["frozen"] // 10, \
+        (warm["frozen"], cold["frozen"])
     # pid 1 is the runner, then its kernel (and whatever the kernel started): nothing else
     assert warm["processes"][0] == 1 and len(warm["processes"]) <= len(cold["processes"]) + 1
 
@@ -1008,7 +1009,8 @@ def test_one_warm_process_serves_every_class_of_the_grader_and_ends_with_it(tiny
     (tmp_path / "scratch").mkdir()
     r = subprocess.run([sys.executable, "-c", WARM_THEN_EXIT, str(tmp_path / "scratch")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                           [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
     assert r.returncode == 0, r.stderr[-3000:]
     said = json.loads(r.stdout.strip().splitlines()[-1])
     deadline = time.monotonic() + 30

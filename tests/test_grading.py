@@ -13,8 +13,10 @@ import io
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -846,6 +848,56 @@ daemon = [sys.executable, "-c", "import time; time.sleep(300)", sys.argv[3]]
 subprocess.Popen(["setsid"] + daemon, start_new_session=True)
 subprocess.Popen(["env", "-i", "setsid"] + daemon, start_new_session=True)
 """
+
+WRITE_PROBE = r"""
+import os, sys
+def can_write(folder):
+    probe = os.path.join(folder, "course-grade-write-probe")
+    try:
+        with open(probe, "w") as f:
+            f.write("x")
+    except OSError:
+        return False
+    os.unlink(probe)
+    return True
+for name, folder in zip(sys.argv[1::2], sys.argv[2::2]):
+    print(name, can_write(folder))
+"""
+
+
+@pytest.mark.skipif(not ISOLATION.namespaces, reason="needs the namespaces")
+@pytest.mark.parametrize("warm", ["1", "0"], ids=["warm", "fresh"])
+def test_the_namespaces_alone_leave_only_the_run_writable(warm, tiny, tmp_path, monkeypatch):
+    """With Landlock off, as on a GPU machine (CUDA does not start under it), the
+    namespaces alone must keep a run from writing anywhere but its own folder and its
+    private /tmp: not into the Python installation (whose etc/ipython every later kernel
+    reads), not into /etc, not into a folder outside every hidden path."""
+    monkeypatch.setenv("COURSE_GRADE_ASSUME_GPU", "1")      # what detect() does on a GPU
+    monkeypatch.setenv("COURSE_GRADE_WARM", warm)
+    iso = sandbox.detect("namespaces")
+    assert iso.namespaces and not iso.landlock
+    outside = Path(tempfile.mkdtemp(prefix="course-grade-test-", dir="/var/tmp"))
+    try:
+        places = {"outside": outside, "prefix": Path(sys.prefix), "etc": Path("/etc")}
+        # only what this user could write to without the sandbox proves anything
+        places = {k: v for k, v in places.items() if os.access(v, os.W_OK)}
+        assert "outside" in places
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        with sandbox.Sandbox(scratch, [ROOT, tiny], iso) as box:
+            job = scratch / "jobs" / "a"
+            (job / "work").mkdir(parents=True)
+            args = ["job", str(job / "work"), "tmp", "/tmp"]
+            for name, folder in places.items():
+                args += [name, str(folder)]
+            assert box.run(job, ["-c", WRITE_PROBE, *args], job / "work", job / "log", 120)
+            said = dict(line.split(" ", 1) for line in (job / "log").read_text().split("\n")
+                        if line.count(" ") == 1)
+        assert said == {"job": "True", "tmp": "True", **{k: "False" for k in places}}, said
+        assert list(outside.iterdir()) == []
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+
 
 LEVELS = [lvl for lvl, ok in (("namespaces", ISOLATION.namespaces),
                               ("landlock", ISOLATION.landlock > 0), ("limits", True)) if ok]

@@ -9,8 +9,9 @@ reported, never assumed (the score table's ``isolation`` says which was in force
   ties that process to the grader's handle). The course checkout, the
   submissions, the output folder, the grader's scratch space, the user's home,
   ``/tmp`` and ``/dev/shm`` are covered by empty folders; the Python
-  installation comes back read-only and the run's own folder read-write. Its
-  network is a private loopback.
+  installation comes back read-only and the run's own folder read-write, and
+  every other mount (``/``, ``/etc``, ``/opt`` ...) is read-only too, but for
+  ``/proc``, ``/sys`` and ``/dev``. Its network is a private loopback.
 * **Landlock**: file access limited to an allow-list (system and Python
   folders and the staged course package read-only; the run's folder, ``/tmp``
   and ``/dev`` writable); where the kernel has signal scoping (ABI 6+), no

@@ -12,7 +12,8 @@ In order it:
    hidden path (the course checkout, the submissions, the output folder, the
    grader's scratch space, the user's home, ``/tmp``, ``/dev/shm``), binds back
    the few paths the run needs at their own names (the Python installation
-   read-only, the run's own folder read-write), and brings up the loopback
+   read-only, the run's own folder read-write), makes every other mount
+   read-only (``/proc``, ``/sys`` and ``/dev`` aside), and brings up the loopback
    interface of its private network;
 2. sets the resource limits (private memory, file size, CPU time, processes,
    core files);
@@ -35,6 +36,13 @@ import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = \
     1, 2, 4, 32, 4096, 16384, 1 << 18
+MS_NOEXEC, MS_NOATIME, MS_NODIRATIME, MS_STRICTATIME = 8, 1024, 2048, 1 << 24
+# a mount's own options that a remount must repeat: in a user namespace the kernel
+# refuses to drop any of them from a mount the parent namespace made
+_KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+                 "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME}
+# left as they are: the kernel's own views, and the devices (a GPU is opened read-write)
+_LIVE = ("/proc", "/sys", "/dev")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -75,6 +83,38 @@ def hide_and_bind(hide, keep):
             if not writable:
                 _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
         os.close(fd)
+    read_only_elsewhere(covered + [path for path, writable in keep if writable])
+
+
+def _mounts():
+    """``[(mount point, its own options)]`` of this mount namespace, the topmost last."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split(" ")
+            point = fields[4].encode().decode("unicode_escape").encode("latin-1").decode()
+            out.append((point, fields[5].split(",")))
+    return out
+
+
+def read_only_elsewhere(writable):
+    """Every mount of this namespace read-only, but for the ``writable`` folders (and
+    whatever is mounted below them) and the kernel's and devices' own folders: with
+    Landlock off (a GPU machine), nothing else bounds where a run may write, and the
+    Python installation, ``/etc`` or ``/opt`` may belong to the user grading."""
+    tops = {}
+    for point, opts in _mounts():
+        tops[point] = opts                      # a stack of mounts: the one on top counts
+    for point, opts in sorted(tops.items(), key=lambda kv: kv[0].count("/")):
+        if "ro" in opts or any(_under(point, w) for w in (*writable, *_LIVE)):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for name, bit in _KEPT_OPTIONS.items():
+            if name in opts:
+                flags |= bit
+        if "relatime" not in opts and "noatime" not in opts:
+            flags |= MS_STRICTATIME
+        _mount(None, point, None, flags)
 
 
 def loopback_up():

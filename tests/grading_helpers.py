@@ -500,8 +500,8 @@ def make_class(root: Path, folder: Path, names=None) -> dict:
 
 # ------------------------------------------------------------------ a Triton problem set
 # Answers that are Triton code reach the template in two ways that plain functions do
-# not: a device function called from a template kernel (its arguments are tiles of the
-# CPU interpreter) and a kernel the template launches (its result is what it writes
+# not: a device function called from a template kernel (its arguments are tiles, in the
+# CPU interpreter or a compiled kernel) and a kernel the template launches (its result is what it writes
 # into an output tensor). 2.3 is a plain function that works in place.
 TRITON_NAME = "02_tiny_triton"
 
@@ -541,12 +541,14 @@ TRITON_ANSWERS = {
            "    t.clamp_(min=lo)\n    ### END SOLUTION",
 }
 
+# (tensors on the course's device: the CPU, where Triton interprets, or the GPU)
 TRITON_CHECKS = {
-    "2.1": "# Check 2.1\nx = torch.randn(3, 8)\n"
+    "2.1": "# Check 2.1\nx = torch.randn(3, 8, device=device.DEVICE)\n"
            "check_close(normalise_rows(x), x / x.abs().amax(1, keepdim=True), name=\"unit rows\")",
-    "2.2": "# Check 2.2\nx = torch.randn(20)\nout = torch.empty(20)\n"
+    "2.2": "# Check 2.2\nx = torch.randn(20, device=device.DEVICE)\n"
+           "out = torch.empty(20, device=device.DEVICE)\n"
            "square_kernel[(2,)](x, out, 20, BLOCK=16)\ncheck_close(out, x * x, name=\"squares\")",
-    "2.3": "# Check 2.3\nt = torch.randn(6)\nu = t.clone()\nclamp_(u, 0.0)\n"
+    "2.3": "# Check 2.3\nt = torch.randn(6, device=device.DEVICE)\nu = t.clone()\nclamp_(u, 0.0)\n"
            "check_close(u, t.clamp(min=0.0), name=\"clamp_ in place\")",
 }
 

@@ -26,6 +26,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from course_utils import device as course_device
 from course_utils.checks import check_equal
 from course_utils.grading import (codec, grader, guard_keeper, instrument, kernel_side, sandbox,
                                   similarity, submissions)
@@ -37,6 +38,13 @@ import grading_helpers as H  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 CLASS_GROUP = pytest.mark.xdist_group("grading-adversarial-class")
 CELL_TIMEOUT = 20
+
+
+def _pythonpath(*first) -> str:
+    """``first`` ahead of this process's own PYTHONPATH (on the GPU machine the Jupyter
+    and nbval wheels live in a folder named there)."""
+    return os.pathsep.join([str(p) for p in first] +
+                           [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 
 def _hashes(folder: Path) -> dict:
@@ -108,6 +116,12 @@ def graded_class(tiny, tmp_path_factory):
     before = _hashes(subs)
     modes = {p.name: p.stat().st_mode for p in files}
     watched = [tiny / "solutions", tiny / "exercises", subs] + WATCHED
+    # IPython writes its default profile (a README in startup/ included) the first time any
+    # kernel on the machine starts: made here first, so that a kernel another test starts
+    # meanwhile on a fresh machine changes nothing the class is watched for
+    from IPython.core.profiledir import ProfileDir
+    (Path.home() / ".ipython").mkdir(exist_ok=True)
+    ProfileDir.create_profile_dir_by_name(str(Path.home() / ".ipython"), "default")
     tree = _tree_hash(*watched)
     try:
         result = grader.grade(H.NAME, subs, out, workers=2, cell_timeout=CELL_TIMEOUT,
@@ -202,7 +216,7 @@ def test_graded_notebooks_reproduce_the_verdicts_under_nbval(graded_class):
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                         "--nbval-lax", "--nbval-current-env", str(out / "graded" / "partial.ipynb")],
                        cwd=out / "graded", capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=dict(os.environ, PYTHONPATH=_pythonpath(ROOT)))
     assert r.returncode == 1 and "1 failed" in r.stdout, r.stdout[-3000:]
     assert "exercise 1.2: 2 check(s) failed" in r.stdout
 
@@ -304,11 +318,12 @@ def test_device_functions_and_launches_replay_only_for_the_recorded_inputs(tmp_p
     monkeypatch.setitem(kernel_side._state, "answer_bound", {})
     for ex, name in (("2.1", "row_unit"), ("2.2", "square_kernel"), ("2.3", "clamp_")):
         kernel_side.export(ex, [name], vars(mod))
-    x = torch.randn(3, 8)
+    dev = course_device.DEVICE
+    x = torch.randn(3, 8, device=dev)
     rows = mod.normalise_rows(x)
-    xs, out = torch.randn(20), torch.full((20,), float("nan"))
+    xs, out = torch.randn(20, device=dev), torch.full((20,), float("nan"), device=dev)
     mod.square_kernel[(2,)](xs, out, 20, BLOCK=16)
-    t = torch.randn(6)
+    t = torch.randn(6, device=dev)
     mod.clamp_(t, 0.0)
     calls = _shipped_calls(shipped)
     # the device function stays a Triton function (a compiled kernel can call nothing else);
@@ -334,10 +349,10 @@ def test_device_functions_and_launches_replay_only_for_the_recorded_inputs(tmp_p
     assert isinstance(mod.row_unit, kernel_side._Replay)
     assert isinstance(mod.normalise_kernel, kernel_side._Replay)  # the verifier decides alone
     assert torch.equal(mod.normalise_rows(x.clone()), rows)
-    out2 = torch.full((20,), float("nan"))
+    out2 = torch.full((20,), float("nan"), device=dev)
     mod.square_kernel[(2,)](xs.clone(), out2, 20, BLOCK=16)
     assert torch.equal(out2, xs * xs)
-    t2 = torch.full((6,), -1.0)  # not the recorded input
+    t2 = torch.full((6,), -1.0, device=dev)  # not the recorded input
     with pytest.raises(kernel_side.Mismatch, match="inputs differ"):
         mod.clamp_(t2, 0.0)
     # the recorded calls are used up, or called the wrong way
@@ -744,7 +759,7 @@ def test_cli(tiny, tmp_path, capsys):
     assert "graded 1 submission(s)" in out and "1 not gradable" in out
     r = subprocess.run([sys.executable, "-m", "course_utils.grading", "--help"], cwd=ROOT,
                        capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                       env=dict(os.environ, PYTHONPATH=_pythonpath(ROOT)))
     assert r.returncode == 0 and "nbgrader" in r.stdout
 
 
@@ -839,7 +854,8 @@ def can_read(p):
 print("solutions", can_read(sys.argv[1]))
 print("home", os.environ["HOME"].startswith(sys.argv[2]))
 print("ipythondir", os.environ["IPYTHONDIR"].startswith(sys.argv[2]))
-print("stage", __import__("course_utils").__file__.startswith(os.environ["PYTHONPATH"]))
+print("stage", __import__("course_utils").__file__.startswith(
+    os.environ["PYTHONPATH"].split(os.pathsep)[0]))
 # compiled before the run (not imported yet here): a kernel does not compile it again
 import importlib.util
 checks = importlib.util.find_spec("course_utils.checks").origin
@@ -1061,8 +1077,7 @@ def test_one_warm_process_serves_every_class_of_the_grader_and_ends_with_it(tiny
     (tmp_path / "scratch").mkdir()
     r = subprocess.run([sys.executable, "-c", WARM_THEN_EXIT, str(tmp_path / "scratch")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                           [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
+                       env=dict(os.environ, PYTHONPATH=_pythonpath(ROOT)))
     assert r.returncode == 0, r.stderr[-3000:]
     said = json.loads(r.stdout.strip().splitlines()[-1])
     deadline = time.monotonic() + 30
@@ -1269,7 +1284,7 @@ def test_checking_run_ignores_the_machines_other_pytest_plugins(tmp_path):
     nb.parent.mkdir()
     nbformat.write(nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("x = 41"), nbformat.v4.new_code_cell("assert x + 1 == 42")]), nb)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=_pythonpath(site, ROOT))
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     # the plugin is found and reorders an ordinary pytest run...
     probe = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(sorted("

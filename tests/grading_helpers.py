@@ -501,8 +501,8 @@ def make_class(root: Path, folder: Path, names=None) -> dict:
 # ------------------------------------------------------------------ a Triton problem set
 # Answers that are Triton code reach the template in two ways that plain functions do
 # not: a device function called from a template kernel (its arguments are tiles, in the
-# CPU interpreter or a compiled kernel) and a kernel the template launches (its result is what it writes
-# into an output tensor). 2.3 is a plain function that works in place.
+# CPU interpreter or a compiled kernel) and a kernel the template launches (its result
+# is what it writes into an output tensor). 2.3 is a plain function that works in place.
 TRITON_NAME = "02_tiny_triton"
 
 TRITON_SETUP = """import torch

@@ -865,6 +865,12 @@ subprocess.Popen(["setsid"] + daemon, start_new_session=True)
 subprocess.Popen(["env", "-i", "setsid"] + daemon, start_new_session=True)
 """
 
+def _said(log: Path) -> dict:
+    """``{name: value}`` of a probe's ``name value`` lines."""
+    return dict(line.split(" ", 1) for line in log.read_text().split("\n")
+                if line.count(" ") == 1)
+
+
 WRITE_PROBE = r"""
 import os, sys
 def can_write(folder):
@@ -907,8 +913,7 @@ def test_the_namespaces_alone_leave_only_the_run_writable(warm, tiny, tmp_path, 
             for name, folder in places.items():
                 args += [name, str(folder)]
             assert box.run(job, ["-c", WRITE_PROBE, *args], job / "work", job / "log", 120)
-            said = dict(line.split(" ", 1) for line in (job / "log").read_text().split("\n")
-                        if line.count(" ") == 1)
+            said = _said(job / "log")
         assert said == {"job": "True", "tmp": "True", **{k: "False" for k in places}}, said
         assert list(outside.iterdir()) == []
     finally:
@@ -931,8 +936,7 @@ def test_sandbox_levels(level, tiny, tmp_path):
     token = "course-grade-test-" + os.urandom(6).hex()
     assert box.run(job, ["-c", SANDBOX_PROBE, str(secret), str(job), token], job / "work",
                    job / "log", 120)
-    said = dict(line.split(" ", 1) for line in (job / "log").read_text().split("\n")
-                if line.count(" ") == 1)
+    said = _said(job / "log")
     assert said["home"] == said["ipythondir"] == said["stage"] == said["compiled"] == "True", said
     # what each level promises, and the fallback says what it does not
     assert said["solutions"] == ("True" if level == "limits" else "False")

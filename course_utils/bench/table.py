@@ -11,7 +11,9 @@ For every point (B = 4, H = 32, head dim ``d``, ``N = Nq = Nk``, causal and not)
   kernel time, its quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and
   ``cudnn``;
 * forward + backward: those of our kernels whose record declares a backward
-  (``triton``: lesson 7's kernels), SDPA ``flash`` and ``cudnn``.
+  (``triton``: lesson 7's kernels), the Gluon forward paired with the Gluon backward of
+  :mod:`course_utils.hopper.gluon_bwd` (``gluon``, the points the Gluon record declares),
+  SDPA ``flash`` and ``cudnn``.
 
 Our columns are named after the kernels' records in :mod:`course_utils.contract`; a
 point a record does not declare (the Gluon kernel is non-causal, with N % 128 == 0)
@@ -39,7 +41,9 @@ from course_utils.contract import CAUSAL_UPPER_LEFT, implementation
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 OURS = ("triton", "tma", "gluon", "fp8")          # contract records, by name
 FWD = OURS + ("flash", "cudnn")
-FWD_BWD = tuple(r for r in OURS if implementation(r).backward) + ("flash", "cudnn")
+# the Gluon record is the forward's; its backward (course_utils.hopper.gluon_bwd) takes the
+# same points, so the pair is timed under the forward's record
+FWD_BWD = tuple(r for r in OURS if implementation(r).backward) + ("gluon", "flash", "cudnn")
 
 
 def undeclared(name, causal, d, n, dtype, heads=32):
@@ -55,9 +59,10 @@ def _ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
-def _fwd_fn(name, q, k, v, causal):
+def _fwd_fn(name, q, k, v, causal, grad=False):
     """A zero-argument callable for provider ``name``, or a string saying why it does not
-    apply to this point."""
+    apply to this point. ``grad``: the forward that the backward is timed through (for
+    ``gluon``, the differentiable pair of the Gluon forward and backward)."""
     if name in ("flash", "cudnn"):
         return common.sdpa(name, q, k, v, causal)
     why = undeclared(name, causal, q.shape[-1], q.shape[2], q.dtype, q.shape[1])
@@ -71,6 +76,9 @@ def _fwd_fn(name, q, k, v, causal):
     if name == "tma":
         from course_utils.hopper.triton_fwd import attention_tma
         return lambda: attention_tma(q, k, v, is_causal=causal, num_stages=3)
+    if name == "gluon" and grad:
+        from course_utils.hopper.gluon_bwd import gluon_attention
+        return lambda: gluon_attention(q, k, v, is_causal=causal)
     if name == "gluon":
         from course_utils.hopper.gluon_fwd import attention_gluon
         return lambda: attention_gluon(q, k, v, is_causal=causal, pingpong=True, stages=3)
@@ -96,7 +104,7 @@ def measure(mode, causal, d, n, dtype_name, args):
     for name in ("flash",) + tuple(p for p in (FWD if mode == "fwd" else FWD_BWD)
                                    if p != "flash"):
         try:
-            fn = _fwd_fn(name, q, k, v, causal)
+            fn = _fwd_fn(name, q, k, v, causal, grad)
             if isinstance(fn, str):
                 row[f"{name}_skip"] = fn
                 continue

@@ -7,6 +7,8 @@ real kernels.
   tensor descriptors (TMA), with ``num_stages`` / ``warp_specialize``.
 * :mod:`course_utils.hopper.gluon_fwd` — a Gluon forward with explicit TMA loads,
   mbarriers, ``warpgroup_mma`` and producer / consumer partitions (sm90 only).
+* :mod:`course_utils.hopper.gluon_bwd` — a Gluon backward: one key-stationary pass,
+  five products, dQ added through the TMA unit, and the autograd pair with the forward.
 * :mod:`course_utils.hopper.fp8` — FP8 quantisation with per-block scales, the
   Hadamard rotation, and an FP8 Triton forward.
 
@@ -18,7 +20,7 @@ import importlib
 from course_utils import device  # noqa: F401  (sets TRITON_INTERPRET first)
 from . import schedule_sim  # noqa: F401
 
-_LAZY = {"triton_fwd", "gluon_fwd", "fp8"}
+_LAZY = {"triton_fwd", "gluon_fwd", "gluon_bwd", "fp8"}
 
 
 def __getattr__(name):

@@ -1,0 +1,420 @@
+"""Lesson 8 (c): a warp-specialised attention backward written in Gluon for sm90.
+
+Lesson 7's portable backward runs two kernels after the ``Delta`` preprocess: one keeps a
+key tile still and streams the queries past it (dK, dV), the other keeps a query tile
+still and streams the keys (dQ): seven matrix products per (query tile, key tile) pair.
+This kernel is FlashAttention-3's answer on Hopper: **one** key-stationary pass with five
+products, dQ added into a float32 buffer.
+
+* **Producer** (1 warp): TMA-loads the program's K and V tile once (two blocks of 64 keys
+  each), then, for every query head of the key/value head's group and every query tile
+  that sees the keys, Q_i and dO_i (64 rows each) into a ring of ``STAGES`` slots, with
+  ``ready`` / ``empty`` mbarriers as in the forward.
+* **Two consumers** (one warpgroup each, 64 of the tile's 128 keys): per query tile
+
+  1. ``S^T = K_c Q_i^T`` and ``dP^T = V_c dO_i^T`` issued together (``warpgroup_mma``);
+  2. ``P^T = exp2(S^T * scale * log2(e) - LSE_i * log2(e))`` as soon as S^T is done,
+     while the tensor cores still work on dP^T;
+  3. ``dV_c += P^T dO_i`` with P^T straight from registers;
+  4. ``dS^T = P^T * (dP^T - Delta_i)``, then ``dK_c += dS^T Q_i``, again from registers;
+  5. dS^T into a shared-memory buffer that holds both consumers' rows (two such buffers
+     take turns, with ``ds_full`` / ``ds_free`` mbarriers between the consumers);
+  6. ``dQ_i += dS K`` over all 128 keys, reading the buffer transposed: at D = 128 each
+     consumer makes 64 of dQ's columns, at D = 64 they take turns. The 64 x 64 float32
+     result goes into shared memory and the TMA unit adds it into dQ in one bulk
+     reduce-add (``cp.reduce.async.bulk.tensor``).
+
+  Everything is computed transposed (keys as rows) so that the two accumulating
+  products take their left operand from registers: wgmma reads a register operand only
+  as the left one. Only dQ needs dS the other way round, and shared memory can be read
+  either way.
+
+How dQ is added decides the speed (``benchmarks/<device>/ablation.md``): one atomic add
+per element pair from registers ran at about half the speed of the same kernel with the
+adds left out; the TMA unit's bulk adds, one per consumer and 64 keys, recovered most of
+it; one bulk add per 128 keys (both consumers' dS first combined in shared memory) halves
+the traffic into L2 again and is what this kernel does.
+
+Gradients of a K/V head shared by a group of query heads (GQA) accumulate in the same
+registers, one head after the other, so dK and dV are written once, by one program, with
+no atomics; only dQ is added to by every key tile (and both consumers). On a GPU the
+order of those additions varies between runs, so dQ is not bitwise reproducible.
+
+Any lengths: the descriptors cover every head's rows at once (2-D views), so the last
+query tile of a head reads the next head's rows. Those rows get ``LSE = +inf`` (their P
+is exactly 0, so they add nothing), and the float32 dQ buffer is padded to whole query
+tiles per head, so their share (zeros) lands in padding. Keys past ``Nk`` are masked
+like the causal mask, and their dK / dV rows are not stored. A row that sees no key
+(forward LSE ``-inf``) gets ``P = 0`` the same way.
+
+Sizes: D in {64, 128}, float16 / bfloat16, both causal alignments of
+:mod:`course_utils.contract`, GQA. Runs only on an sm90 GPU; importing works anywhere.
+"""
+from __future__ import annotations
+
+import torch
+
+from course_utils import device  # sets TRITON_INTERPRET before triton is imported
+
+from course_utils.constants import LOG2E  # noqa: E402
+from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
+
+__all__ = ["attention_gluon_backward", "gluon_attention", "BWD_BLOCK_M", "BWD_BLOCK_N"]
+
+BWD_BLOCK_M = 64       # query rows per step of the stream
+BWD_BLOCK_N = 128      # keys per program: two consumers of 64
+
+from course_utils.hopper.gluon_fwd import GLUON_AVAILABLE, _need_hopper  # noqa: E402
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    from course_utils.hopper.gluon_fwd import _GL_DTYPES, _sync_warps
+
+    _LOG2E = gl.constexpr(LOG2E)
+
+    @_builtin
+    def _tma_add(desc, coord, src, _semantic=None):
+        # global[the box at coord] += the shared-memory tile src, by the TMA unit
+        # (cp.reduce.async.bulk.tensor ... .add). Triton 3.6 builds the operation but
+        # Gluon has no name for it yet; its completion is waited for like a TMA store's
+        # (tma.store_wait).
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
+                                                  coord, src.handle)
+
+    @gluon.jit
+    def _bwd_loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
+                    ready, empty, kv_row, q_head0, nq, group, i_lo, n_tiles):
+        # K and V: the program's keys as two 64-row boxes each, once
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        STAGES: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_smem.shape[1]
+        mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            tma.async_copy_global_to_shared(k_desc, [kv_row + c * BN, 0], kv_bar,
+                                            k_smem.slice(c * BN, BN, dim=0))
+            tma.async_copy_global_to_shared(v_desc, [kv_row + c * BN, 0], kv_bar,
+                                            v_smem.slice(c * BN, BN, dim=0))
+        # then Q_i and dO_i of every query head of the group, query tiles i_lo..n_tiles-1
+        t = 0
+        for g in range(group):
+            row0 = (q_head0 + g) * nq
+            for i in range(i_lo, n_tiles):
+                s = t % STAGES
+                mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), 2 * q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [row0 + i * BM, 0], ready.index(s),
+                                                q_smem.index(s))
+                tma.async_copy_global_to_shared(do_desc, [row0 + i * BM, 0], ready.index(s),
+                                                do_smem.index(s))
+                t += 1
+
+    @gluon.jit
+    def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                      ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
+                      q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
+                      C: gl.constexpr):
+        """Consumer ``C``: keys ``n0 + 64 C ..`` of the program's tile, as the rows of
+        S^T, dP^T, dK and dV."""
+        BN: gl.constexpr = ds_smem.shape[1] // 2       # 64 keys of this consumer
+        D: gl.constexpr = k_smem.shape[1]
+        STAGES: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_smem.shape[1]             # 64 query rows a step
+        HALVES: gl.constexpr = D // 64                 # dQ is made 64 columns at a time
+        COL: gl.constexpr = C * 64 * (HALVES - 1)      # this consumer's columns of dQ
+        dtype: gl.constexpr = k_smem.dtype
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                                     k_width=2)
+        col_l: gl.constexpr = gl.SliceLayout(0, st_layout)    # one value per query
+        key_l: gl.constexpr = gl.SliceLayout(1, st_layout)    # one value per key
+
+        k_c = k_smem.slice(C * BN, BN, dim=0)
+        v_c = v_smem.slice(C * BN, BN, dim=0)
+        dq_c = dq_smem.index(C)
+        dk = gl.zeros([BN, D], gl.float32, acc_layout)
+        dv = gl.zeros([BN, D], gl.float32, acc_layout)
+        st_zero = gl.zeros([BN, BM], gl.float32, st_layout)
+        dq_zero = gl.zeros([BM, 64], gl.float32, dq_layout)
+        key0 = n0 + C * BN
+        keys = key0 + gl.arange(0, BN, layout=key_l)
+        q_in = gl.arange(0, BM, layout=col_l)
+
+        mbarrier.wait(kv_bar, 0)
+        t = 0
+        for g in range(group):
+            bh = q_head0 + g
+            for i in range(i_lo, n_tiles):
+                s = t % STAGES
+                b = t % 2                              # the dS buffer of this step
+                m0 = i * BM
+                # this tile's LSE (base 2), one per query; rows past nq (the next head's,
+                # read by the 2-D descriptor) get LSE = +inf, so P = 0 there, and so does
+                # a row that saw no key (forward LSE -inf)
+                q_ok = m0 + q_in < nq
+                lse = gl.load(lse_ptr + bh * nq + m0 + q_in, mask=q_ok, other=float("inf"))
+                lse2 = gl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
+                mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+                q_t = q_smem.index(s)
+                do_t = do_smem.index(s)
+                # 1. S^T = K_c Q^T and dP^T = V_c dO^T, both in flight
+                st = warpgroup_mma(k_c, q_t.permute((1, 0)), st_zero, use_acc=False,
+                                   is_async=True)
+                dpt = warpgroup_mma(v_c, do_t.permute((1, 0)), st_zero, use_acc=False,
+                                    is_async=True)
+                st = warpgroup_mma_wait(1, deps=(st,))
+                # 2. P^T while dP^T runs; masked where the causal mask cuts this block of
+                # keys or where the keys end (key j is seen by query r when j <= r + diag)
+                if (key0 + BN - 1 > m0 + diag) | (key0 + BN > nk):
+                    seen = (gl.expand_dims(keys, 1) <= gl.expand_dims(m0 + q_in, 0) + diag) & \
+                        gl.expand_dims(keys < nk, 1)
+                    st = gl.where(seen, st, float("-inf"))
+                # P^T is kept in 16 bits only (the tensor cores take it so, and dS^T below
+                # is rounded to 16 bits too): 32 registers a thread fewer than float32
+                pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0)).to(dtype)
+                # 3. dV_c += P^T dO, P^T from registers
+                pa = gl.convert_layout(pt, a_layout)
+                dv = warpgroup_mma(pa, do_t, dv, is_async=True)
+                delta = gl.load(delta_ptr + bh * nq + m0 + q_in, mask=q_ok, other=0.0)
+                dpt = warpgroup_mma_wait(1, deps=(dpt,))
+                # 4. dS^T = P^T (dP^T - Delta); dK_c += dS^T Q
+                dst = (pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+                dsa = gl.convert_layout(dst, a_layout)
+                dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
+                # 5. this consumer's dS^T rows into buffer b, once both consumers have read
+                # what step t - 2 left there
+                if t >= 2:
+                    mbarrier.wait(ds_free.index(b), ((t // 2) - 1) & 1)
+                ds_smem.index(b).slice(C * BN, BN, dim=0).store(dst)
+                fence_async_shared()                   # the writes, before wgmma reads
+                _sync_warps()
+                mbarrier.arrive(ds_full.index(b), count=1)
+                dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=(dv, dk, pa, dsa))
+                # every read of Q_i and dO_i is done: the slot goes back to the producer
+                _sync_warps()
+                mbarrier.arrive(empty.index(s), count=1)
+                # 6. dQ_i += dS K over all 128 keys of the program, read transposed out of
+                # buffer b: at D = 128 consumer C makes columns 64 C .. 64 C + 63; at D = 64
+                # the consumers take turns
+                if (HALVES == 2) | (b == C):
+                    mbarrier.wait(ds_full.index(b), (t // 2) & 1)
+                    dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)),
+                                       k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False)
+                    # the tile goes out through shared memory and the TMA unit, one bulk
+                    # reduce-add; the previous add out of dq_c must have read it first
+                    tma.store_wait(0)
+                    _sync_warps()
+                    dq_c.store(dq)
+                    fence_async_shared()
+                    _sync_warps()
+                    # the float32 buffer has nq_pad rows a head: rows past nq are padding
+                    _tma_add(dq_desc, [bh * nq_pad + m0, COL], dq_c)
+                _sync_warps()
+                mbarrier.arrive(ds_free.index(b), count=1)
+                t += 1
+
+        # epilogue: dK (times the softmax scale) and dV, the rows of real keys only
+        rows = key0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+        ok = gl.expand_dims(rows < nk, 1) & gl.expand_dims(cols < D, 0)
+        off = (kv_row + C * BN + gl.expand_dims(rows - key0, 1)).to(gl.int64) * D + \
+            gl.expand_dims(cols, 0)
+        gl.store(dk_ptr + off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=ok)
+        gl.store(dv_ptr + off, dv.to(dv_ptr.dtype.element_ty), mask=ok)
+        tma.store_wait(0)                      # the last add has read its buffer
+
+    @gluon.jit
+    def _bwd_consumer0(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                       ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
+                       q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale):
+        _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                      ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
+                      q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
+                      0)
+
+    @gluon.jit
+    def _bwd_consumer1(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                       ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
+                       q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale):
+        _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                      ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
+                      q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
+                      1)
+
+    @gluon.jit
+    def _attn_bwd_gluon(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr,
+                        dv_ptr, qk_scale, scale, Hq, Hkv, Nq, Nk, NQ_PAD, DIAG,
+                        D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        BM: gl.constexpr = q_desc.block_type.shape[0]
+        BN: gl.constexpr = k_desc.block_type.shape[0]          # 64: one consumer's keys
+        n0 = gl.program_id(0) * (2 * BN)       # causal upper-left: the longest tiles first
+        bkv = gl.program_id(1)
+        group = Hq // Hkv
+        q_head0 = (bkv // Hkv) * Hq + (bkv % Hkv) * group
+        kv_row = bkv * Nk + n0
+        n_tiles = (Nq + BM - 1) // BM
+        i_lo = 0
+        diag = Nk + 2 * BN                      # no mask: no block is ever cut
+        if CAUSAL:
+            # query r sees key j when j <= r + DIAG: the first query that sees key n0
+            i_lo = gl.minimum(gl.maximum(n0 - DIAG, 0) // BM, n_tiles)
+            diag = DIAG
+
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2 * BN, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * BN, D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BM, D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BM, D], do_desc.layout)
+        # dS^T of both consumers (128 keys x 64 queries), two buffers taking turns
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BN, BM],
+                                                                        k_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(k_desc.dtype, [2, 2 * BN, BM], ds_layout)
+        # each consumer's 64 x 64 float32 share of dQ on its way to the TMA unit
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BM, 64], dq_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)          # both consumers release
+        for i in gl.static_range(2):
+            mbarrier.init(ds_full.index(i), count=2)        # both consumers wrote
+            mbarrier.init(ds_free.index(i), count=2)        # both consumers are done
+
+        cargs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
+                 ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0,
+                 Nq, Nk, NQ_PAD, group, i_lo, n_tiles, n0, diag, qk_scale, scale)
+        largs = (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
+                 ready, empty, kv_row, q_head0, Nq, group, i_lo, n_tiles)
+        gl.warp_specialize([(_bwd_consumer0, cargs), (_bwd_consumer1, cargs),
+                            (_bwd_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+        mbarrier.invalidate(kv_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(ds_full.index(i))
+            mbarrier.invalidate(ds_free.index(i))
+
+
+def _check_grads_inputs(q, o, lse, do):
+    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor of shape {tuple(shape)}, "
+                            f"got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, "
+                             f"got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put every "
+                             "tensor on one device")
+    for name, t in (("o", o), ("do", do)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32 (the forward's), got {lse.dtype}")
+
+
+def _check_schedule(stages, consumer_regs, loader_regs):
+    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 4:
+        raise ValueError(f"stages must be an int in 1..4, got {stages!r}")
+    if isinstance(consumer_regs, bool) or consumer_regs not in range(80, 256, 8):
+        raise ValueError(f"consumer_regs must be a multiple of 8 in 80..248, "
+                         f"got {consumer_regs!r}")
+    if isinstance(loader_regs, bool) or loader_regs not in (24, 32, 40, 48, 56):
+        raise ValueError(f"loader_regs must be one of 24, 32, 40, 48, 56, got {loader_regs!r}")
+
+
+def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None,
+                             enable_gqa=False, alignment=None, stages=2, consumer_regs=240,
+                             loader_regs=24):
+    """Gradients ``(dq, dk, dv)`` of attention from the forward's ``o`` and ``lse``
+    (natural log, float32, ``(B, Hq, Nq)``) and the incoming ``do``; the same arguments
+    and contract as :func:`course_utils.hopper.gluon_fwd.attention_gluon` (sm90, D in
+    {64, 128}, 16-bit, any lengths, both causal alignments, GQA). ``stages``: slots of the
+    Q / dO ring. dQ is summed in float32 with atomic adds, so it is not bitwise
+    reproducible from run to run; dK and dV are."""
+    sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
+                                enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
+                                hardware=False)
+    _check_grads_inputs(q, o, lse, do)
+    _check_schedule(stages, consumer_regs, loader_regs)
+    _need_hopper("attention_gluon_backward")
+    from course_utils.triton_attention import _attn_bwd_delta
+    d = sh.D
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    _attn_bwd_delta[(-(-sh.Nq // 64), sh.B * sh.Hq)](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1),
+        do.stride(2), sh.Hq, sh.Nq, d, HEAD_DIM=d, BLOCK=64)
+    nq_pad = -(-sh.Nq // BWD_BLOCK_M) * BWD_BLOCK_M
+    dq32 = torch.zeros((sh.B, sh.Hq, nq_pad, d), device=q.device, dtype=torch.float32)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    gdt = _GL_DTYPES[q.dtype]
+    block = [BWD_BLOCK_M, d]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+
+    def desc(t):
+        t2 = t.reshape(-1, d)
+        return GluonDescriptor(t2, list(t2.shape), list(t2.stride()), block, layout)
+
+    grid = (-(-sh.Nk // BWD_BLOCK_N), sh.B * sh.Hkv)
+    dq2 = dq32.view(-1, d)
+    dq_desc = GluonDescriptor(dq2, list(dq2.shape), list(dq2.stride()), [BWD_BLOCK_M, 64],
+                              gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, 64], gl.float32))
+    _attn_bwd_gluon[grid](desc(k), desc(v), desc(q), desc(do), dq_desc, lse, delta, dk, dv,
+                          sh.scale * LOG2E, sh.scale, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, nq_pad,
+                          sh.offset, D=d, STAGES=stages, CAUSAL=bool(sh.is_causal),
+                          CONSUMER_REGS=consumer_regs, LOADER_REGS=loader_regs, num_warps=4)
+    dq = (dq32[:, :, :sh.Nq] * sh.scale).to(q.dtype)
+    return dq, dk, dv
+
+
+class GluonAttention(torch.autograd.Function):
+    """The Gluon forward (ping-pong) and this backward as one differentiable op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale, enable_gqa, alignment):
+        from course_utils.hopper.gluon_fwd import attention_gluon
+        o, lse = attention_gluon(q, k, v, is_causal=is_causal, scale=scale,
+                                 enable_gqa=enable_gqa, alignment=alignment, return_lse=True,
+                                 pingpong=True, stages=3)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.opts = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                        alignment=alignment)
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_gluon_backward(q, k, v, o, lse, do, **ctx.opts)
+        return dq, dk, dv, None, None, None, None
+
+
+def gluon_attention(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,
+                    alignment=None):
+    """Differentiable attention on sm90: the Gluon ping-pong forward, and
+    :func:`attention_gluon_backward` for the gradients. SDPA's arguments and shapes."""
+    validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                           alignment=alignment, impl="gluon", hardware=False)
+    return GluonAttention.apply(q, k, v, is_causal, scale, enable_gqa, alignment)

@@ -34,7 +34,10 @@ CASES = [(2, 4, 4, 512, 512, 128), (2, 4, 2, 300, 129, 128), (1, 4, 1, 129, 300,
          (1, 4, 2, 256, 640, 128), (2, 2, 2, 2048, 2048, 128)]
 
 
-def _ref_grads(q, k, v, do, alignment):
+def reference(q, k, v, do, alignment):
+    """Attention's output and the gradients ``(dq, dk, dv)`` in float64 autograd, K and V
+    repeated over their query heads, ``alignment`` None or a causal alignment; a row that
+    sees no key gives 0."""
     g = q.shape[1] // k.shape[1]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     s = leaves[0] @ leaves[1].repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -42,12 +45,12 @@ def _ref_grads(q, k, v, do, alignment):
         s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], alignment).to(s.device),
                           float("-inf"))
     o = torch.softmax(s, -1).nan_to_num(0.0) @ leaves[2].repeat_interleave(g, 1)
-    return torch.autograd.grad(o, leaves, do.double())
+    return o, torch.autograd.grad(o, leaves, do.double())
 
 
-def _rel(a, b):
-    # relative to the reference's size, or absolute where the gradient is about 0 (one
-    # query that sees one key has softmax 1 whatever its score: dq = 0)
+def rel(a, b):
+    """``|a - b| / |b|`` (Frobenius norms), absolute where ``b`` is about 0 (one query
+    that sees one key has softmax 1 whatever its score: dq = 0)."""
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1.0))
 
@@ -66,14 +69,14 @@ def check(dtype):
             opts = dict(is_causal=alignment is not None, alignment=alignment,
                         enable_gqa=hkv != hq)
             o, lse = triton_attention_forward(q, k, v, **opts)
-            refs = _ref_grads(q, k, v, do, alignment)
+            _, refs = reference(q, k, v, do, alignment)
             ours = attention_gluon_backward(q, k, v, o, lse, do, **opts)
             tri = triton_attention_backward(q, k, v, o, lse, do, **opts)
             row = {"case": [b, hq, hkv, nq, nk, d], "alignment": alignment,
                    "dtype": str(dtype).replace("torch.", "")}
             for name, x, t, r in zip(("dq", "dk", "dv"), ours, tri, refs):
-                row[name] = _rel(x, r)
-                row[f"{name}_triton"] = _rel(t, r)
+                row[name] = rel(x, r)
+                row[f"{name}_triton"] = rel(t, r)
                 row[f"{name}_finite"] = bool(torch.isfinite(x).all())
                 worst = max(worst, row[name] / max(row[f"{name}_triton"], 1e-4))
             rows.append(row)

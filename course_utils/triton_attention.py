@@ -641,6 +641,24 @@ def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa
     return _launch_fwd(q, k, v, sh, sh.is_causal, sh.offset)
 
 
+def check_saved(q, o, lse, do):
+    """What a backward takes besides Q, K, V: the forward's ``o`` (q's shape), ``lse``
+    (``(B, Hq, Nq)``) and the incoming ``do`` (q's shape), floating point, on q's device;
+    a clear error before any launch otherwise."""
+    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor of shape {tuple(shape)}, "
+                            f"got {type(t).__name__}")
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, "
+                             f"got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put every "
+                             "tensor on one device")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
 BWD_DESIGNS = ("three_kernels", "atomic_dq")
 
 
@@ -668,18 +686,7 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
     """
     _check_bwd(bwd)
     sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)
-    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor of shape {tuple(shape)}, "
-                            f"got {type(t).__name__}")
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, "
-                             f"got {tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put every "
-                             "tensor on one device")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    check_saved(q, o, lse, do)
     q, k, v, o, do = (_inner_contig(t) for t in (q, k, v, o, do))
     lse = lse.float().contiguous()
     hd = padded_head_dim(sh.D)

@@ -9,6 +9,7 @@ import torch
 from course_utils import device
 from course_utils.contract import causal_mask
 from course_utils.hopper import gluon_bwd
+from tests.bench_scripts import load
 
 DEV = device.DEVICE
 
@@ -65,21 +66,8 @@ def test_off_hopper_a_valid_call_says_what_it_needs():
         gluon_bwd.gluon_attention(q.requires_grad_(), k, v)
 
 
-def _ref(q, k, v, do, alignment):
-    g = q.shape[1] // k.shape[1]
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    s = leaves[0] @ leaves[1].repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if alignment is not None:
-        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], alignment).to(s.device),
-                          float("-inf"))
-    o = torch.softmax(s, -1).nan_to_num(0.0) @ leaves[2].repeat_interleave(g, 1)
-    return o, torch.autograd.grad(o, leaves, do.double())
-
-
-def _rel(a, b):
-    # relative to the reference's size, or absolute where the gradient is about 0 (one
-    # query that sees one key has softmax 1 whatever its score: dq = 0)
-    return float((a.double() - b).norm() / b.norm().clamp_min(1.0))
+PROBE = load("gluon_bwd_probe")     # its float64 reference and error measure
+_ref, _rel = PROBE.reference, PROBE.rel
 
 
 # (B, Hq, Hkv, Nq, Nk, D): whole tiles, lengths off the 64-row query step and the

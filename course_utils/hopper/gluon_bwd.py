@@ -315,16 +315,8 @@ if GLUON_AVAILABLE:
 
 
 def _check_grads_inputs(q, o, lse, do):
-    for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor of shape {tuple(shape)}, "
-                            f"got {type(t).__name__}")
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, "
-                             f"got {tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; put every "
-                             "tensor on one device")
+    from course_utils.triton_attention import check_saved
+    check_saved(q, o, lse, do)
     for name, t in (("o", o), ("do", do)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")

@@ -61,12 +61,28 @@ def test_decode_grid_is_declared(monkeypatch):
 
 def test_table_columns_and_skips_come_from_the_records():
     assert table.FWD == ("triton", "tma", "gluon", "fp8", "flash", "cudnn")
-    assert table.FWD_BWD == ("triton", "flash", "cudnn")
+    assert table.FWD_BWD == ("triton", "gluon", "flash", "cudnn")
     assert table.undeclared("gluon", True, 128, 4000, torch.float16) is None
     assert "head dim" in table.undeclared("gluon", False, 256, 4096, torch.float16)
     assert table.undeclared("gluon", False, 128, 4096, torch.float16) is None
     assert table.undeclared("tma", True, 64, 4096, torch.bfloat16) is None
     assert "head dim" in table.undeclared("fp8", False, 256, 4096, torch.float16)
+
+
+def test_table_times_the_gluon_pair_through_its_backward(monkeypatch):
+    # forward + backward for "gluon" is the differentiable pair of gluon_bwd, forward
+    # alone the forward kernel; off sm90 both say why they do not run
+    from course_utils.hopper import gluon_bwd, gluon_fwd
+    q = k = v = torch.zeros(1, 2, 128, 64, dtype=torch.float16)
+    calls = []
+    monkeypatch.setattr(gluon_bwd, "gluon_attention", lambda *a, **kw: calls.append("pair"))
+    monkeypatch.setattr(gluon_fwd, "attention_gluon", lambda *a, **kw: calls.append("fwd"))
+    monkeypatch.setattr(table.device, "IS_HOPPER", False)
+    assert "sm90" in table._fwd_fn("gluon", q, k, v, False, grad=True)
+    monkeypatch.setattr(table.device, "IS_HOPPER", True)
+    table._fwd_fn("gluon", q, k, v, True, grad=True)()
+    table._fwd_fn("gluon", q, k, v, True)()
+    assert calls == ["pair", "fwd"]
 
 
 def test_probe_sweep_draws_the_same_inputs_and_records_failures():

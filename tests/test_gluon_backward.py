@@ -35,6 +35,7 @@ def _lse(q):
     (dict(stages=True), ValueError, "stages must be an int"),
     (dict(consumer_regs=250), ValueError, "consumer_regs"),
     (dict(loader_regs=20), ValueError, "loader_regs"),
+    (dict(d=128, stages=4), ValueError, "KiB of shared memory"),
     (dict(d=32), ValueError, "head dim"),
     (dict(dtype=torch.float32), TypeError, "takes float16, bfloat16"),
 ])

@@ -64,7 +64,17 @@ __all__ = ["attention_gluon_backward", "gluon_attention", "BWD_BLOCK_M", "BWD_BL
 BWD_BLOCK_M = 64       # query rows per step of the stream
 BWD_BLOCK_N = 128      # keys per program: two consumers of 64
 
-from course_utils.hopper.gluon_fwd import GLUON_AVAILABLE, _need_hopper  # noqa: E402
+from course_utils.hopper.gluon_fwd import (GLUON_AVAILABLE, SM90_SHARED_BYTES,  # noqa: E402
+                                           _need_hopper)
+
+
+def shared_bytes(d, stages):
+    """Shared memory the backward's program asks for at head dim ``d``: K and V (128
+    keys), ``stages`` slots of Q_i and dO_i (64 rows), two dS^T buffers (128 x 64, 16-bit),
+    two 64 x 64 float32 dQ tiles, and 1 KiB for the barriers (the compiler's figure for
+    sm90 is within 0.5 KiB of this)."""
+    return (2 * BWD_BLOCK_N * d * 2 + stages * 2 * BWD_BLOCK_M * d * 2
+            + 2 * BWD_BLOCK_N * BWD_BLOCK_M * 2 + 2 * BWD_BLOCK_M * 64 * 4 + 1024)
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -348,6 +358,10 @@ def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None
                                 hardware=False)
     _check_grads_inputs(q, o, lse, do)
     _check_schedule(stages, consumer_regs, loader_regs)
+    if shared_bytes(sh.D, stages) > SM90_SHARED_BYTES:
+        raise ValueError(f"stages={stages} at head dim {sh.D} needs "
+                         f"{shared_bytes(sh.D, stages) // 1024} KiB of shared memory; an "
+                         f"sm90 block has {SM90_SHARED_BYTES // 1024} KiB: fewer stages")
     _need_hopper("attention_gluon_backward")
     from course_utils.triton_attention import _attn_bwd_delta
     d = sh.D

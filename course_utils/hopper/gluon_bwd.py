@@ -246,23 +246,15 @@ if GLUON_AVAILABLE:
         gl.store(dv_ptr + off, dv.to(dv_ptr.dtype.element_ty), mask=ok)
         tma.store_wait(0)                      # the last add has read its buffer
 
+    # the partitions' entry points: a constexpr cannot be passed to a partition, so each
+    # consumer has its own, taking the shared arguments as one tuple
     @gluon.jit
-    def _bwd_consumer0(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                       ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
-                       q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale):
-        _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                      ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
-                      q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
-                      0)
+    def _bwd_consumer0(args):
+        _bwd_consumer(*args, 0)
 
     @gluon.jit
-    def _bwd_consumer1(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                       ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
-                       q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale):
-        _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                      ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
-                      q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
-                      1)
+    def _bwd_consumer1(args):
+        _bwd_consumer(*args, 1)
 
     @gluon.jit
     def _attn_bwd_gluon(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr,
@@ -312,7 +304,7 @@ if GLUON_AVAILABLE:
                  Nq, Nk, NQ_PAD, group, i_lo, n_tiles, n0, diag, qk_scale, scale)
         largs = (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
                  ready, empty, kv_row, q_head0, Nq, group, i_lo, n_tiles)
-        gl.warp_specialize([(_bwd_consumer0, cargs), (_bwd_consumer1, cargs),
+        gl.warp_specialize([(_bwd_consumer0, (cargs,)), (_bwd_consumer1, (cargs,)),
                             (_bwd_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
         mbarrier.invalidate(kv_bar)

@@ -37,8 +37,9 @@ halves the traffic into L2 again and is what this kernel does.
 
 Gradients of a K/V head shared by a group of query heads (GQA) accumulate in the same
 registers, one head after the other, so dK and dV are written once, by one program, with
-no atomics; only dQ is added to by every key tile (and both consumers). On a GPU the
-order of those additions varies between runs, so dQ is not bitwise reproducible.
+no atomics; only dQ is added to, once per step by every program whose keys the query
+tile sees. On a GPU the order of those additions varies between runs, so dQ is not
+bitwise reproducible.
 
 Any lengths: the descriptors cover every head's rows at once (2-D views), so the last
 query tile of a head reads the next head's rows. Those rows get ``LSE = +inf`` (their P
@@ -75,6 +76,7 @@ def shared_bytes(d, stages):
     sm90 is within 0.5 KiB of this)."""
     return (2 * BWD_BLOCK_N * d * 2 + stages * 2 * BWD_BLOCK_M * d * 2
             + 2 * BWD_BLOCK_N * BWD_BLOCK_M * 2 + 2 * BWD_BLOCK_M * 64 * 4 + 1024)
+
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -343,8 +345,8 @@ def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None
     (natural log, float32, ``(B, Hq, Nq)``) and the incoming ``do``; the same arguments
     and contract as :func:`course_utils.hopper.gluon_fwd.attention_gluon` (sm90, D in
     {64, 128}, 16-bit, any lengths, both causal alignments, GQA). ``stages``: slots of the
-    Q / dO ring. dQ is summed in float32 with atomic adds, so it is not bitwise
-    reproducible from run to run; dK and dV are."""
+    Q / dO ring. dQ is summed in float32 by the TMA unit's reduce-adds, in an order that
+    varies from run to run, so it is not bitwise reproducible; dK and dV are."""
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)

@@ -34,16 +34,24 @@ CASES = [(2, 4, 4, 512, 512, 128), (2, 4, 2, 300, 129, 128), (1, 4, 1, 129, 300,
          (1, 4, 2, 256, 640, 128), (2, 2, 2, 2048, 2048, 128)]
 
 
+def scores(q, k, alignment):
+    """``Q K^T / sqrt(D)`` in float64, K repeated over its query heads, ``-inf`` where the
+    causal mask of ``alignment`` (None: no mask) hides a key."""
+    g = q.shape[1] // k.shape[1]
+    s = q.double() @ k.double().repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if alignment is not None:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], alignment).to(s.device),
+                          float("-inf"))
+    return s
+
+
 def reference(q, k, v, do, alignment):
     """Attention's output and the gradients ``(dq, dk, dv)`` in float64 autograd, K and V
     repeated over their query heads, ``alignment`` None or a causal alignment; a row that
     sees no key gives 0."""
     g = q.shape[1] // k.shape[1]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    s = leaves[0] @ leaves[1].repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if alignment is not None:
-        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], alignment).to(s.device),
-                          float("-inf"))
+    s = scores(leaves[0], leaves[1], alignment)
     o = torch.softmax(s, -1).nan_to_num(0.0) @ leaves[2].repeat_interleave(g, 1)
     return o, torch.autograd.grad(o, leaves, do.double())
 

@@ -66,7 +66,7 @@ BWD_BLOCK_M = 64       # query rows per step of the stream
 BWD_BLOCK_N = 128      # keys per program: two consumers of 64
 
 from course_utils.hopper.gluon_fwd import (GLUON_AVAILABLE, SM90_SHARED_BYTES,  # noqa: E402
-                                           _need_hopper)
+                                           _need_hopper, _schedule)
 
 
 def shared_bytes(d, stages):
@@ -328,16 +328,6 @@ def _check_grads_inputs(q, o, lse, do):
         raise TypeError(f"lse must be float32 (the forward's), got {lse.dtype}")
 
 
-def _check_schedule(stages, consumer_regs, loader_regs):
-    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 4:
-        raise ValueError(f"stages must be an int in 1..4, got {stages!r}")
-    if isinstance(consumer_regs, bool) or consumer_regs not in range(80, 256, 8):
-        raise ValueError(f"consumer_regs must be a multiple of 8 in 80..248, "
-                         f"got {consumer_regs!r}")
-    if isinstance(loader_regs, bool) or loader_regs not in (24, 32, 40, 48, 56):
-        raise ValueError(f"loader_regs must be one of 24, 32, 40, 48, 56, got {loader_regs!r}")
-
-
 def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None,
                              enable_gqa=False, alignment=None, stages=2, consumer_regs=240,
                              loader_regs=24):
@@ -351,7 +341,8 @@ def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)
     _check_grads_inputs(q, o, lse, do)
-    _check_schedule(stages, consumer_regs, loader_regs)
+    # the forward's checks of the same options: two consumers taking turns, a loader warp
+    _schedule(stages, True, loader_regs, True, 2, consumer_regs)
     if shared_bytes(sh.D, stages) > SM90_SHARED_BYTES:
         raise ValueError(f"stages={stages} at head dim {sh.D} needs "
                          f"{shared_bytes(sh.D, stages) // 1024} KiB of shared memory; an "

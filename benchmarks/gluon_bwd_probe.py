@@ -147,7 +147,7 @@ def timing(args):
 
 def _module_from(path):
     import importlib.util
-    spec = importlib.util.spec_from_file_location("baseline_gluon_bwd", path)
+    spec = importlib.util.spec_from_file_location(f"variant_{Path(path).stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -160,8 +160,8 @@ def variants(args):
     from course_utils.hopper import gluon_bwd
     from course_utils.triton_attention import triton_attention_forward
     kernels = {f"stages{x}": (gluon_bwd, int(x)) for x in args.variants.split(",")}
-    if args.baseline:
-        kernels["baseline"] = (_module_from(args.baseline), 2)
+    for path in (args.baseline.split(",") if args.baseline else []):
+        kernels[Path(path).stem] = (_module_from(path), 2)
     rows = []
     for d in (int(x) for x in args.d.split(",")):
         for n in (int(x) for x in args.n.split(",")):
@@ -206,7 +206,8 @@ def main(argv=None):
     ap.add_argument("--variants", default=None,
                     help="time only the backward with these stages, e.g. 2,3 (no check)")
     ap.add_argument("--baseline", default=None,
-                    help="with --variants: also time this file's attention_gluon_backward")
+                    help="with --variants: also time these files' attention_gluon_backward "
+                         "(comma-separated; each named by its file name)")
     args = ap.parse_args(argv)
     if not device.IS_HOPPER:
         raise SystemExit("needs an sm90 GPU")

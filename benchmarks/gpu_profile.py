@@ -10,8 +10,11 @@ The first command warms every kernel up (the autotuner picks its tile shapes out
 the profiled range), then profiles exactly one call of each: the lesson-6 forward, the
 lesson-7 backward (its three kernels), the best lesson-8 Gluon forward, the FP8
 forward and cuDNN's attention through SDPA, all at B=2, H=16, N=8192, D=128, float16,
-non-causal. The second command prints, per kernel: time, tensor-pipe and SM
-utilisation, registers per thread, and the four largest warp-stall reasons.
+non-causal, and the lesson-8 Gluon backward alone at D = 64 and D = 128 (``--only
+gluon_bwd_d64,gluon_bwd_d128``). The second command prints, per kernel: time, tensor-pipe
+and SM utilisation, registers per thread, and the four largest warp-stall reasons. With
+``--section SourceCounters`` in the first, ``--source prof.ncu-rep`` lists the machine
+instructions where the warps were sampled most, per kernel.
 """
 from __future__ import annotations
 
@@ -64,6 +67,16 @@ def workloads():
         prep = prepare_fp8(qd, kd, vd, hadamard=True)
         # on sm90: the Gluon ping-pong kernel on e4m3 tiles
         work["fp8_hadamard"] = lambda: attention_fp8_prepared(prep, out_dtype=qd.dtype)
+        # the Gluon backward alone at both head dims (its forward run once, outside)
+        from course_utils.hopper.gluon_bwd import attention_gluon_backward
+        from course_utils.triton_attention import triton_attention_forward
+        for d in (64, 128):
+            qb, kb, vb, dob = (torch.randn(2, 16, 8192, d, device=device.DEVICE,
+                                           dtype=torch.float16, generator=g)
+                               for _ in range(4))
+            ob, lseb = triton_attention_forward(qb, kb, vb)
+            work[f"gluon_bwd_d{d}"] = (lambda qb=qb, kb=kb, vb=vb, ob=ob, lseb=lseb, dob=dob:
+                                       attention_gluon_backward(qb, kb, vb, ob, lseb, dob))
     except Exception as e:  # a machine without Gluon still profiles the rest
         print(f"lesson-8 kernels left out: {type(e).__name__}: {e}")
     return work
@@ -128,9 +141,58 @@ def report(rep):
                   + ", ".join(f"{n} {v:.2f}" for v, n in stalls))
 
 
+def source(rep, top=25):
+    """Where a saved report's kernels spent their warps' time, per machine instruction
+    (``ncu ... --section SourceCounters``): for each kernel, the sampled stall reasons
+    summed per opcode, then the most-sampled instructions. ``rep`` is the .ncu-rep (its
+    source page is exported to a .source.csv beside it) or such a .csv itself."""
+    if str(rep).endswith(".csv"):
+        out = Path(rep).read_text()
+    else:
+        out = subprocess.run(["ncu", "--import", rep, "--csv", "--page", "source",
+                              "--print-source", "sass"], capture_output=True, text=True,
+                             check=True).stdout
+        Path(rep).with_suffix(".source.csv").write_text(out)
+    rows = [r for r in csv.reader(io.StringIO(out)) if r]
+    starts = [i for i, r in enumerate(rows) if r[0] == "Kernel Name"]
+    for n, k in enumerate(starts):
+        head = rows[k + 1]
+        col = {name: i for i, name in enumerate(head)}
+        end = starts[n + 1] if n + 1 < len(starts) else len(rows)
+        body = [r for r in rows[k + 2:end] if len(r) == len(head)]
+        samp = "Warp Stall Sampling (All Samples)"
+        if samp not in col:
+            print("no sampling column in:", head[:12])
+            continue
+        reasons = [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
+        total = sum(_num(r[col[samp]]) or 0 for r in body) or 1
+        by_op = {}
+        for r in body:
+            op = re.sub(r"^@!?U?P\w+\s+", "", r[col["Source"]].strip()).split(" ")[0]
+            for h in reasons:
+                by_op[(op.split(".")[0], h[6:])] = (by_op.get((op.split(".")[0], h[6:]), 0)
+                                                    + (_num(r[col[h]]) or 0))
+        print(f"kernel {n} ({rows[k][1]}): {len(body)} instructions, {total:.0f} samples")
+        print("  share of samples by opcode and stall reason:")
+        for (op, h), v in sorted(by_op.items(), key=lambda x: -x[1])[:top]:
+            print(f"  {100 * v / total:5.1f}%  {op:12s} {h}")
+        print("  most-sampled instructions:")
+        for r in sorted(body, key=lambda r: -(_num(r[col[samp]]) or 0))[:top]:
+            v = _num(r[col[samp]]) or 0
+            print(f"  {100 * v / total:5.1f}%  {r[col['Source']].strip()[:90]}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", metavar="REP", help="summarise a saved .ncu-rep instead")
     ap.add_argument("--only", default=None, help="comma-separated workloads (default: all)")
+    ap.add_argument("--source", metavar="REP",
+                    help="stall reasons per machine instruction of a saved report "
+                         "(SourceCounters), or of its exported .source.csv")
     args = ap.parse_args()
-    report(args.report) if args.report else profile(args.only and args.only.split(","))
+    if args.source:
+        source(args.source)
+    elif args.report:
+        report(args.report)
+    else:
+        profile(args.only and args.only.split(","))

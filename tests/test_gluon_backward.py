@@ -55,6 +55,30 @@ def test_bad_arguments_are_refused_before_launch(change, error, words):
         gluon_bwd.attention_gluon_backward(q, k, v, o, lse, do, **bad)
 
 
+@pytest.mark.skipif(not device.HAS_TRITON, reason="needs Triton")
+def test_row_stats_scale_lse_sum_delta_and_pad_every_head():
+    # two heads' worth of ragged tiles (70 rows: one whole tile and 6 rows of the next),
+    # one row that saw no key; checked per head, so rows written into the wrong head's
+    # slots, an unscaled LSE, a -inf left as it is or unwritten padding all fail
+    b, h, nq, d = 2, 3, 70, 64
+    g = torch.Generator().manual_seed(7)
+    o, do = (torch.randn(b, h, nq, d, generator=g).to(torch.float16).to(DEV)
+             for _ in range(2))
+    lse = (torch.randn(b, h, nq, generator=g) * 3).to(DEV)
+    lse[1, 2, 5] = float("-inf")
+    lse2, delta = gluon_bwd.row_stats(o, do, lse)
+    pad = 2 * gluon_bwd.BWD_BLOCK_M
+    assert lse2.shape == delta.shape == (b * h * pad,)
+    lse2, delta = lse2.view(b, h, pad).cpu(), delta.view(b, h, pad).cpu()
+    want = lse.cpu() * 1.4426950408889634
+    want[1, 2, 5] = float("inf")
+    torch.testing.assert_close(lse2[..., :nq], want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(delta[..., :nq], (o.float() * do.float()).sum(-1).cpu(),
+                               rtol=1e-5, atol=1e-5)
+    assert torch.isposinf(lse2[..., nq:]).all()
+    assert (delta[..., nq:] == 0).all()
+
+
 @pytest.mark.skipif(device.IS_HOPPER, reason="off sm90 only")
 def test_off_hopper_a_valid_call_says_what_it_needs():
     q, k, v, do = _inputs(1, 2, 2, 64, 64, 64)

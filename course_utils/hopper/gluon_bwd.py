@@ -8,8 +8,10 @@ products, dQ added into a float32 buffer.
 
 * **Producer** (1 warp): TMA-loads the program's K and V tile once (two blocks of 64 keys
   each), then, for every query head of the key/value head's group and every query tile
-  that sees the keys, Q_i and dO_i (64 rows each) into a ring of ``STAGES`` slots, with
-  ``ready`` / ``empty`` mbarriers as in the forward.
+  that sees the keys, Q_i and dO_i (64 rows each) and the 64 rows' LSE and Delta (made
+  beforehand by :func:`row_stats`) into a ring of ``STAGES`` slots, with ``ready`` /
+  ``empty`` mbarriers as in the forward. The consumers read LSE and Delta out of shared
+  memory, a few cycles away, instead of waiting on global loads every step.
 * **Two consumers** (one warpgroup each, 64 of the tile's 128 keys): per query tile
 
   1. ``S^T = K_c Q_i^T`` and ``dP^T = V_c dO_i^T`` issued together (``warpgroup_mma``);
@@ -33,7 +35,10 @@ How dQ is added decides the speed (``benchmarks/<device>/ablation.md``): one ato
 per element pair from registers ran at less than half the speed of the same kernel with
 the adds left out; the TMA unit's bulk adds, one per consumer and 64 keys, were 1.4-1.6x
 faster; one bulk add per 128 keys (both consumers' dS first combined in shared memory)
-halves the traffic into L2 again and is what this kernel does.
+halves the traffic into L2 again and is what this kernel does. Loading each step's LSE
+and Delta into the ring, instead of from global memory in the consumers, was 12-29 %
+faster again at seven of the eight points measured (the profile had shown the consumers
+waiting on those two loads every step).
 
 Gradients of a K/V head shared by a group of query heads (GQA) accumulate in the same
 registers, one head after the other, so dK and dV are written once, by one program, with
@@ -60,7 +65,8 @@ from course_utils import device  # sets TRITON_INTERPRET before triton is import
 from course_utils.constants import LOG2E  # noqa: E402
 from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
 
-__all__ = ["attention_gluon_backward", "gluon_attention", "BWD_BLOCK_M", "BWD_BLOCK_N"]
+__all__ = ["attention_gluon_backward", "gluon_attention", "row_stats", "BWD_BLOCK_M",
+           "BWD_BLOCK_N"]
 
 BWD_BLOCK_M = 64       # query rows per step of the stream
 BWD_BLOCK_N = 128      # keys per program: two consumers of 64
@@ -71,11 +77,49 @@ from course_utils.hopper.gluon_fwd import (GLUON_AVAILABLE, SM90_SHARED_BYTES,  
 
 def shared_bytes(d, stages):
     """Shared memory the backward's program asks for at head dim ``d``: K and V (128
-    keys), ``stages`` slots of Q_i and dO_i (64 rows), two dS^T buffers (128 x 64, 16-bit),
-    two 64 x 64 float32 dQ tiles, and 1 KiB for the barriers (the compiler's figure for
-    sm90 is within 0.5 KiB of this)."""
-    return (2 * BWD_BLOCK_N * d * 2 + stages * 2 * BWD_BLOCK_M * d * 2
+    keys), ``stages`` slots of Q_i, dO_i (64 rows) and their rows' LSE and Delta, two dS^T
+    buffers (128 x 64, 16-bit), two 64 x 64 float32 dQ tiles, and 1 KiB for the barriers
+    (the compiler's figure for sm90 is at most 1 KiB under this)."""
+    return (2 * BWD_BLOCK_N * d * 2 + stages * (2 * BWD_BLOCK_M * d * 2 + 2 * BWD_BLOCK_M * 4)
             + 2 * BWD_BLOCK_N * BWD_BLOCK_M * 2 + 2 * BWD_BLOCK_M * 64 * 4 + 1024)
+
+
+if device.HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _bwd_row_stats(O, DO, LSE, LSE2, DELTA, NQ, D: tl.constexpr, BLOCK: tl.constexpr,
+                       LOG2E_: tl.constexpr):
+        # BLOCK rows of one head (program (tile, head)): LSE in base 2 and
+        # Delta = rowsum(dO * O), into buffers padded to whole tiles per head
+        bh = tl.program_id(1).to(tl.int64)
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = rows < NQ
+        at = (bh * NQ + rows)[:, None] * D + tl.arange(0, D)[None, :]
+        o = tl.load(O + at, mask=ok[:, None], other=0.0).to(tl.float32)
+        do = tl.load(DO + at, mask=ok[:, None], other=0.0).to(tl.float32)
+        lse = tl.load(LSE + bh * NQ + rows, mask=ok, other=float("-inf"))
+        padded = bh * tl.num_programs(0) * BLOCK + rows
+        tl.store(LSE2 + padded, tl.where(lse == float("-inf"), float("inf"), lse * LOG2E_))
+        tl.store(DELTA + padded, tl.sum(o * do, 1))
+
+
+def row_stats(o, do, lse):
+    """What every step of the backward needs per query row besides Q and dO, in float32
+    and padded to whole query tiles (64 rows) per head, flat ``(B * H * Nq_pad,)``:
+    ``lse2 = LSE * log2(e)`` and ``delta = rowsum(dO * O)``. The producer loads both into
+    its ring with Q_i and dO_i. Padding rows and rows that saw no key (forward LSE
+    ``-inf``) get ``lse2 = +inf``, so their ``P`` is exactly 0; padding rows get
+    ``delta = 0``. ``o`` and ``do``: contiguous ``(B, H, Nq, D)``; ``lse``: ``(B, H, Nq)``.
+    Runs wherever Triton does (the CPU interpreter included)."""
+    b, h, nq, d = o.shape
+    n_tiles = -(-nq // BWD_BLOCK_M)
+    lse2, delta = torch.empty((2, b * h * n_tiles * BWD_BLOCK_M), device=o.device,
+                              dtype=torch.float32)
+    _bwd_row_stats[(n_tiles, b * h)](o, do, lse.contiguous(), lse2, delta, nq, D=d,
+                                     BLOCK=BWD_BLOCK_M, LOG2E_=LOG2E)
+    return lse2, delta
 
 
 if GLUON_AVAILABLE:
@@ -90,8 +134,6 @@ if GLUON_AVAILABLE:
 
     from course_utils.hopper.gluon_fwd import _GL_DTYPES, _sync_warps
 
-    _LOG2E = gl.constexpr(LOG2E)
-
     @_builtin
     def _tma_add(desc, coord, src, _semantic=None):
         # global[the box at coord] += the shared-memory tile src, by the TMA unit
@@ -103,8 +145,9 @@ if GLUON_AVAILABLE:
                                                   coord, src.handle)
 
     @gluon.jit
-    def _bwd_loader(k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
-                    ready, empty, kv_row, q_head0, nq, group, i_lo, n_tiles):
+    def _bwd_loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
+                    q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, kv_row,
+                    q_head0, nq, group, i_lo, n_tiles):
         # K and V: the program's keys as two 64-row boxes each, once
         BN: gl.constexpr = k_desc.block_type.shape[0]
         STAGES: gl.constexpr = q_smem.shape[0]
@@ -115,24 +158,31 @@ if GLUON_AVAILABLE:
                                             k_smem.slice(c * BN, BN, dim=0))
             tma.async_copy_global_to_shared(v_desc, [kv_row + c * BN, 0], kv_bar,
                                             v_smem.slice(c * BN, BN, dim=0))
-        # then Q_i and dO_i of every query head of the group, query tiles i_lo..n_tiles-1
+        # then Q_i, dO_i and their rows' LSE and Delta, for every query head of the group,
+        # query tiles i_lo..n_tiles-1
         t = 0
         for g in range(group):
             row0 = (q_head0 + g) * nq
             for i in range(i_lo, n_tiles):
                 s = t % STAGES
                 mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), 2 * q_desc.block_type.nbytes)
+                mbarrier.expect(ready.index(s), 2 * q_desc.block_type.nbytes
+                                + 2 * lse_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(q_desc, [row0 + i * BM, 0], ready.index(s),
                                                 q_smem.index(s))
                 tma.async_copy_global_to_shared(do_desc, [row0 + i * BM, 0], ready.index(s),
                                                 do_smem.index(s))
+                row = ((q_head0 + g) * n_tiles + i) * BM     # in the padded LSE / Delta
+                tma.async_copy_global_to_shared(lse_desc, [row], ready.index(s),
+                                                lse_smem.index(s))
+                tma.async_copy_global_to_shared(delta_desc, [row], ready.index(s),
+                                                delta_smem.index(s))
                 t += 1
 
     @gluon.jit
-    def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                      ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row,
-                      q_head0, nq, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
+    def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                      kv_bar, ready, empty, ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, kv_row,
+                      q_head0, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
                       C: gl.constexpr):
         """Consumer ``C``: keys ``n0 + 64 C ..`` of the program's tile, as the rows of
         S^T, dP^T, dK and dV."""
@@ -173,15 +223,13 @@ if GLUON_AVAILABLE:
                 s = t % STAGES
                 b = t % 2                              # the dS buffer of this step
                 m0 = i * BM
-                # this tile's LSE (base 2), one per query; rows past nq (the next head's,
-                # read by the 2-D descriptor) get LSE = +inf, so P = 0 there, and so does
-                # a row that saw no key (forward LSE -inf)
-                q_ok = m0 + q_in < nq
-                lse = gl.load(lse_ptr + bh * nq + m0 + q_in, mask=q_ok, other=float("inf"))
-                lse2 = gl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
                 mbarrier.wait(ready.index(s), (t // STAGES) & 1)
                 q_t = q_smem.index(s)
                 do_t = do_smem.index(s)
+                # this tile's LSE (base 2), one per query, from the ring like Q_i: rows
+                # past nq (the next head's, read by the 2-D descriptor) and rows that saw
+                # no key have LSE = +inf there, so P = 0 (see row_stats)
+                lse2 = lse_smem.index(s).load(col_l)
                 # 1. S^T = K_c Q^T and dP^T = V_c dO^T, both in flight
                 st = warpgroup_mma(k_c, q_t.permute((1, 0)), st_zero, use_acc=False,
                                    is_async=True)
@@ -200,7 +248,7 @@ if GLUON_AVAILABLE:
                 # 3. dV_c += P^T dO, P^T from registers
                 pa = gl.convert_layout(pt, a_layout)
                 dv = warpgroup_mma(pa, do_t, dv, is_async=True)
-                delta = gl.load(delta_ptr + bh * nq + m0 + q_in, mask=q_ok, other=0.0)
+                delta = delta_smem.index(s).load(col_l)
                 dpt = warpgroup_mma_wait(1, deps=(dpt,))
                 # 4. dS^T = P^T (dP^T - Delta); dK_c += dS^T Q
                 dst = (pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0))).to(dtype)
@@ -259,7 +307,7 @@ if GLUON_AVAILABLE:
         _bwd_consumer(*args, 1)
 
     @gluon.jit
-    def _attn_bwd_gluon(k_desc, v_desc, q_desc, do_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr,
+    def _attn_bwd_gluon(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_ptr,
                         dv_ptr, qk_scale, scale, Hq, Hkv, Nq, Nk, NQ_PAD, DIAG,
                         D: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
@@ -282,6 +330,8 @@ if GLUON_AVAILABLE:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * BN, D], v_desc.layout)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BM, D], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BM, D], do_desc.layout)
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], lse_desc.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], delta_desc.layout)
         # dS^T of both consumers (128 keys x 64 queries), two buffers taking turns
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BN, BM],
                                                                         k_desc.dtype)
@@ -301,11 +351,12 @@ if GLUON_AVAILABLE:
             mbarrier.init(ds_full.index(i), count=2)        # both consumers wrote
             mbarrier.init(ds_free.index(i), count=2)        # both consumers are done
 
-        cargs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty,
-                 ds_full, ds_free, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kv_row, q_head0,
-                 Nq, Nk, NQ_PAD, group, i_lo, n_tiles, n0, diag, qk_scale, scale)
-        largs = (k_desc, v_desc, q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar,
-                 ready, empty, kv_row, q_head0, Nq, group, i_lo, n_tiles)
+        cargs = (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                 kv_bar, ready, empty, ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, kv_row,
+                 q_head0, Nk, NQ_PAD, group, i_lo, n_tiles, n0, diag, qk_scale, scale)
+        largs = (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, q_smem,
+                 do_smem, lse_smem, delta_smem, kv_bar, ready, empty, kv_row, q_head0, Nq,
+                 group, i_lo, n_tiles)
         gl.warp_specialize([(_bwd_consumer0, (cargs,)), (_bwd_consumer1, (cargs,)),
                             (_bwd_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -348,15 +399,10 @@ def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None
                          f"{shared_bytes(sh.D, stages) // 1024} KiB of shared memory; an "
                          f"sm90 block has {SM90_SHARED_BYTES // 1024} KiB: fewer stages")
     _need_hopper("attention_gluon_backward")
-    from course_utils.triton_attention import _attn_bwd_delta
     d = sh.D
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
-    lse = lse.contiguous()
-    delta = torch.empty_like(lse)
-    _attn_bwd_delta[(-(-sh.Nq // 64), sh.B * sh.Hq)](
-        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1),
-        do.stride(2), sh.Hq, sh.Nq, d, HEAD_DIM=d, BLOCK=64)
     nq_pad = -(-sh.Nq // BWD_BLOCK_M) * BWD_BLOCK_M
+    lse2, delta = row_stats(o, do, lse)
     dq32 = torch.zeros((sh.B, sh.Hq, nq_pad, d), device=q.device, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -372,7 +418,11 @@ def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None
     dq2 = dq32.view(-1, d)
     dq_desc = GluonDescriptor(dq2, list(dq2.shape), list(dq2.stride()), [BWD_BLOCK_M, 64],
                               gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, 64], gl.float32))
-    _attn_bwd_gluon[grid](desc(k), desc(v), desc(q), desc(do), dq_desc, lse, delta, dk, dv,
+    # one-dimensional boxes of 64 floats, unswizzled
+    row_layout = gl.NVMMASharedLayout(0, 32, rank=1)
+    row_descs = [GluonDescriptor(t, [t.numel()], [1], [BWD_BLOCK_M], row_layout)
+                 for t in (lse2, delta)]
+    _attn_bwd_gluon[grid](desc(k), desc(v), desc(q), desc(do), *row_descs, dq_desc, dk, dv,
                           sh.scale * LOG2E, sh.scale, sh.Hq, sh.Hkv, sh.Nq, sh.Nk, nq_pad,
                           sh.offset, D=d, STAGES=stages, CAUSAL=bool(sh.is_causal),
                           CONSUMER_REGS=consumer_regs, LOADER_REGS=loader_regs, num_warps=4)

@@ -155,8 +155,8 @@ def _module_from(path):
 
 def variants(args):
     """The backward alone with each ``stages`` of ``--variants`` (and the backward of
-    ``--baseline FILE``, an earlier version of the module), next to cuDNN's backward of
-    the same point, in one run."""
+    every file of ``--baseline FILE[,FILE...]``, other versions of the module, each named
+    by its file's stem), next to cuDNN's backward of the same point, in one run."""
     from course_utils.hopper import gluon_bwd
     from course_utils.triton_attention import triton_attention_forward
     kernels = {f"stages{x}": (gluon_bwd, int(x)) for x in args.variants.split(",")}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The Gluon backward on an sm90 GPU, in one call: its tests and lesson 8 under nbval
-# (installed from ./.wheelhouse as in gpu_verify.sh), then Nsight Compute on one launch at
-# D = 64 and D = 128 with per-instruction sampling, then (given variant files) the
-# variants' timing against cuDNN.
+# The Gluon backward on an sm90 GPU, in one call, the steps named on the command line:
+# its tests and lesson 8 under nbval (installed from ./.wheelhouse as in gpu_verify.sh),
+# Nsight Compute on one launch at D = 64 and D = 128 with per-instruction sampling, the
+# probe's gradient check, other versions of the module timed against it and cuDNN.
 #     bash benchmarks/gpu_bwd_round.sh OUT_DIR [check] [variants FILE,...] [tests] [profile]
 #                                              [lesson8]
 # (steps run in the order given; check: the probe's gradient check of the module; lesson8:

@@ -1,8 +1,10 @@
-"""Variants of the Gluon forward (sm90): two or three consumer warpgroups taking turns,
-two or three stages, key blocks of 64, 128 or 256.
+"""Variants of the Gluon forward (sm90): two or three consumer warpgroups taking turns
+(pipelined) or interleaved by the warp schedulers (serial), two or three stages, key
+blocks of 64, 128 or 256.
 
     python benchmarks/gluon_consumers_probe.py [--out FILE.json] [--rep MS]
         [--variants pp2_s2,pp3_s2,...] [--baseline OLD_gluon_fwd.py]
+        [--alt NAME=OTHER_gluon_fwd.py:pp2_s2,pp3_s2 ...]
 
 First every variant is checked against SDPA's math backend (float32) on odd lengths,
 GQA and both causal alignments; then, in one run, the forward is timed at B = 4, H = 32,
@@ -10,7 +12,9 @@ N = 4k and 16k, D = 64 and 128, causal and not (fp16), next to SDPA's flash and 
 backends. A variant that does not compile or run is recorded with its error. The JSON
 keeps every number with the ratios to cuDNN. ``--baseline`` also times an older copy of
 ``course_utils/hopper/gluon_fwd.py`` (its two-consumer variants, prefixed ``before_``) in
-the same run, so a change to the kernel is measured against what it replaced."""
+the same run, so a change to the kernel is measured against what it replaced. ``--alt``
+(repeatable) times another copy of the module with the variants named after the colon,
+as ``NAME_<variant>``, so a change under trial is measured beside the kernel kept."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +38,10 @@ VARIANTS = {
     "pp3_s2": dict(pingpong=True, consumers=3, stages=2),
     "pp3_s3": dict(pingpong=True, consumers=3, stages=3),
     "pp3_s2_r168": dict(pingpong=True, consumers=3, stages=2, consumer_regs=168),
+    # serial consumers without turns, interleaved by the warp schedulers
+    "il2_s2": dict(pingpong=True, pipeline=False, stages=2),
+    "il3_s2": dict(pingpong=True, consumers=3, pipeline=False, stages=2),
+    "il3_s3": dict(pingpong=True, consumers=3, pipeline=False, stages=3),
     # key blocks of 64 and 256 (256 fits shared memory at head dim 64 only)
     "pp2_s2_n64": dict(pingpong=True, stages=2, block_n=64),
     "pp2_s3_n64": dict(pingpong=True, stages=3, block_n=64),
@@ -69,8 +77,20 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=40)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--baseline", default=None, help="an older gluon_fwd.py")
+    ap.add_argument("--alt", action="append", default=[], metavar="NAME=FILE:VARIANTS",
+                    help="another copy of gluon_fwd.py and the variants to time with it")
     a = ap.parse_args(argv)
-    runs = {name: (attention_gluon, VARIANTS[name]) for name in a.variants.split(",")}
+    runs = {name: (attention_gluon, VARIANTS[name]) for name in a.variants.split(",") if name}
+    for spec in a.alt:
+        name, sep, rest = spec.partition("=")
+        path, sep2, names = rest.rpartition(":")
+        if not (sep and sep2 and name.isidentifier() and Path(path).is_file()):
+            ap.error(f"--alt takes NAME=FILE:VARIANT,..., got {spec!r}")
+        unknown = [v for v in names.split(",") if v not in VARIANTS]
+        if unknown:
+            ap.error(f"--alt {name}: unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+        fwd = common.load_file(path, f"gluon_fwd_{name}").attention_gluon
+        runs.update({f"{name}_{v}": (fwd, VARIANTS[v]) for v in names.split(",")})
     if a.baseline:
         old = common.load_file(a.baseline, "gluon_fwd_before").attention_gluon
         runs = {**{f"before_{n}": (old, VARIANTS[n]) for n in ("pp2_s2", "pp2_s3")}, **runs}

@@ -85,8 +85,10 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
     with pytest.raises(ValueError, match="head dim"):
         gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
     q, k, v = _qkv(1, 2, 2, 100, 100, 64)
-    with pytest.raises(ValueError, match="pass pipeline=True"):
-        gluon_fwd.attention_gluon(q, k, v, pingpong=True, pipeline=False, enable_gqa=True)
+    for flag in ("pipeline", "pingpong"):
+        for bad in (1, None, "yes"):
+            with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+                gluon_fwd.attention_gluon(q, k, v, enable_gqa=True, **{flag: bad})
     with pytest.raises(ValueError, match="loader_regs"):
         gluon_fwd.attention_gluon(q, k, v, loader_regs=20, enable_gqa=True)
     for consumers in (1, 4, True, 2.0):
@@ -107,6 +109,24 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
     if not device.IS_HOPPER:
         with pytest.raises(RuntimeError, match="sm90"):
             gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
+
+
+def test_fastest_gluon_options_are_valid_schedules_that_fit():
+    # every head dim the kernel takes has an entry, each a schedule _schedule accepts whose
+    # query tile and K/V ring fit an sm90 block; off Hopper the call gets as far as the
+    # hardware check (so no option is refused before it)
+    assert set(gluon_fwd.FASTEST) == {64, 128}
+    for d, opts in gluon_fwd.FASTEST.items():
+        tiles, block_m, regs = gluon_fwd._schedule(
+            opts.get("stages", 2), opts.get("pipeline", True), 24, opts.get("pingpong", False),
+            opts.get("consumers", 2), None)
+        assert tiles * 64 == block_m and regs * 128 * tiles + 24 * 32 <= 65536
+        shared = (block_m + 2 * opts.get("stages", 2) * gluon_fwd.BLOCK_N) * d * 2
+        assert shared <= gluon_fwd.SM90_SHARED_BYTES, (d, opts)
+        if not device.IS_HOPPER:
+            q, k, v = _qkv(1, 2, 2, 100, 100, d)
+            with pytest.raises(RuntimeError, match="sm90"):
+                gluon_fwd.attention_gluon(q, k, v, enable_gqa=True, **opts)
 
 
 def test_bench_runs_merge_to_medians_and_keep_every_error():

@@ -6,17 +6,17 @@ and cuDNN back ends measured in the same process:
 For every point (B = 4, H = 32, head dim ``d``, ``N = Nq = Nk``, causal and not):
 
 * forward: lesson 6's Triton kernel (``triton``), lesson 8's TMA kernel (``tma``), the
-  Gluon ping-pong kernel (``gluon``), FP8 (``fp8``: on sm90 the same Gluon ping-pong
-  kernel on e4m3 tiles, elsewhere the plain Triton FP8 kernel, named in ``fp8_kernel``;
-  kernel time, its quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and
-  ``cudnn``;
+  Gluon kernel in the schedule measured fastest at the head dim (``gluon``,
+  ``gluon_fwd.FASTEST``), FP8 (``fp8``: on sm90 the Gluon ping-pong kernel on e4m3
+  tiles, elsewhere the plain Triton FP8 kernel, named in ``fp8_kernel``; kernel time,
+  its quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and ``cudnn``;
 * forward + backward: those of our kernels whose record declares a backward
   (``triton``: lesson 7's kernels), the Gluon forward paired with the Gluon backward of
   :mod:`course_utils.hopper.gluon_bwd` (``gluon``, the points the Gluon record declares),
   SDPA ``flash`` and ``cudnn``.
 
 Our columns are named after the kernels' records in :mod:`course_utils.contract`; a
-point a record does not declare (the Gluon kernel is non-causal, with N % 128 == 0)
+point a record does not declare (a head dim or dtype it does not take)
 gets the record's reason in ``<provider>_skip`` instead of a speed.
 
 TFLOPS by the FlashAttention papers' count (:func:`common.attention_flops`), the median
@@ -80,8 +80,8 @@ def _fwd_fn(name, q, k, v, causal, grad=False):
         from course_utils.hopper.gluon_bwd import gluon_attention
         return lambda: gluon_attention(q, k, v, is_causal=causal)
     if name == "gluon":
-        from course_utils.hopper.gluon_fwd import attention_gluon
-        return lambda: attention_gluon(q, k, v, is_causal=causal, pingpong=True, stages=3)
+        from course_utils.hopper.gluon_fwd import FASTEST, attention_gluon
+        return lambda: attention_gluon(q, k, v, is_causal=causal, **FASTEST.get(q.shape[-1], {}))
     if name == "fp8":
         from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
         prep = prepare_fp8(q, k, v, hadamard=True)

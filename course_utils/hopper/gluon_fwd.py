@@ -29,11 +29,16 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
 * Both schedules are one kernel, :func:`_attn_fwd_gluon`: ``Q_TILES`` (1, 2 or 3) sets
   how many query tiles the loader fetches and how many consumers share the ring, and the
   consumer's ``PINGPONG`` constexpr adds the turn barriers around its matmuls.
-* ``consumers=3`` puts three consumers of 64 rows in the turn circle, FlashAttention-3's
+* ``consumers=3`` puts three consumers of 64 rows on one 192-row tile, FlashAttention-3's
   choice at head dim 64. The register file then leaves each consumer thread 160
-  registers (two get 240): the compiler spills this kernel's tiles to local memory, and
-  on an H100 it runs slower than two consumers (the measurements are in
-  ``benchmarks/<device>/ablation.md``). Correct, kept to be measured, off by default.
+  registers (two get 240). The pipelined loop holds two score tiles at once (``S_{j+1}``
+  in flight while ``P_j`` waits for ``V_j``) and spills at 160; the serial loop holds one
+  and fits. So with ``pingpong=True, pipeline=False`` each consumer runs the serial loop
+  (matmul, softmax, matmul) without turn barriers, and the warp schedulers interleave the
+  consumers: while one computes its exponentials, the others' matmuls keep the tensor
+  cores busy. With three consumers at head dim 64 that is the fastest schedule measured
+  on an H100; at head dim 128 two pipelined consumers taking turns are
+  (:data:`FASTEST`, measurements in ``benchmarks/<device>/ablation.md``).
 
 The epilogue: a consumer writes its normalised O tile into the shared-memory slot of its
 Q tile (free once its last ``S = Q K^T`` is done) and one TMA copy stores it, whole lines
@@ -86,7 +91,7 @@ from course_utils.constants import LN2, LOG2E  # noqa: E402
 from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
 
 __all__ = ["attention_gluon", "attention_gluon_fp8", "GLUON_AVAILABLE", "BLOCK_M",
-           "BLOCK_N", "FP8_BLOCK_N", "GLUON_BLOCK_N"]
+           "BLOCK_N", "FP8_BLOCK_N", "GLUON_BLOCK_N", "FASTEST"]
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -94,6 +99,12 @@ BLOCK_N = 128
 # block they must fit in with the query tile and the K/V ring (227 KiB)
 GLUON_BLOCK_N = (64, 128, 256)
 SM90_SHARED_BYTES = 227 * 1024
+# the options of attention_gluon measured fastest on an H100 per head dim, against the
+# other schedules in the same run (benchmarks/nvidia-h100-80gb-hbm3/ablation.md): at 64,
+# three serial consumers the schedulers interleave; at 128, two pipelined consumers
+# taking turns, whose registers the serial three cannot hold without spilling
+FASTEST = {64: dict(pingpong=True, consumers=3, pipeline=False, stages=3),
+           128: dict(pingpong=True, stages=3)}
 
 try:
     from triton.experimental import gluon
@@ -482,6 +493,31 @@ if GLUON_AVAILABLE:
                   turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
                   diag, nq, nk, 2, True, True)
 
+    # interleaved consumers: the serial loop, no turn barriers (the schedulers interleave)
+    @gluon.jit
+    def _consumer_ser0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
+                       v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
+                       qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 0, False, True)
+
+    @gluon.jit
+    def _consumer_ser1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
+                       v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
+                       qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 1, False, True)
+
+    @gluon.jit
+    def _consumer_ser2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
+                       v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
+                       qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
+                  diag, nq, nk, 2, False, True)
+
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qs_ptr, ks_ptr, vs_ptr,
                         qk_scale, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
@@ -490,8 +526,8 @@ if GLUON_AVAILABLE:
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, FP8: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
-        # Q_TILES = 2 or 3: ping-pong, consumers of BLOCK_M // Q_TILES = 64 rows (4 warps
-        # each) taking turns.
+        # Q_TILES = 2 or 3: consumers of BLOCK_M // Q_TILES = 64 rows (4 warps each), with
+        # PIPELINE taking turns (ping-pong), without it interleaved by the schedulers.
         # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
         # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
         # FP8: Q, K are e4m3 with one float32 scale per tile (qs: per BLOCK_M query rows, ks
@@ -557,16 +593,26 @@ if GLUON_AVAILABLE:
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                  k_empty, v_empty, q_row, kv_row, v_row, n_blocks)
         if Q_TILES == 3:
-            # three consumers in a circle (FlashAttention-3's choice at head dim 64, where
-            # the exponentials weigh more against the smaller matmuls)
-            gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
-                                (_consumer_pp2, cargs), (_loader, largs)], [4, 4, 1],
-                               [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+            # three consumers (FlashAttention-3's choice at head dim 64, where the
+            # exponentials weigh more against the smaller matmuls): pipelined ones in a
+            # turn circle, or serial ones the schedulers interleave
+            if PIPELINE:
+                gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
+                                    (_consumer_pp2, cargs), (_loader, largs)], [4, 4, 1],
+                                   [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([(_consumer_ser0, cargs), (_consumer_ser1, cargs),
+                                    (_consumer_ser2, cargs), (_loader, largs)], [4, 4, 1],
+                                   [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         elif Q_TILES == 2:
             # the default partition (4 warps) is consumer 0; consumer 1 (4 warps) and the
             # loader (1 warp) are workers with setmaxnreg budgets
-            gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
-                                (_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+            if PIPELINE:
+                gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
+                                    (_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([(_consumer_ser0, cargs), (_consumer_ser1, cargs),
+                                    (_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         elif PIPELINE:
             # the default partition (8 warps) consumes; one extra warp loads
             gl.warp_specialize([(_consumer_pipelined, cargs), (_loader, largs)],
@@ -593,8 +639,6 @@ def _schedule(stages, pipeline, loader_regs, pingpong, consumers, consumer_regs)
     for name, flag in (("pipeline", pipeline), ("pingpong", pingpong)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if pingpong and not pipeline:
-        raise ValueError("pingpong=True runs the pipelined consumer loop: pass pipeline=True")
     if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers not in (2, 3):
         raise ValueError(f"consumers must be 2 or 3, got {consumers!r}")
     if consumers == 3 and not pingpong:
@@ -655,9 +699,12 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
     ``Q K^T`` with this block's softmax; ``loader_regs``: the producer warp's register
     budget (``setmaxnreg``), leaving the rest of the register file to the consumers.
-    ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each take turns
-    on the tensor cores; each gets ``consumer_regs`` registers per thread (default 240
-    for two, 160 for three, which is what the register file leaves them). ``block_n``:
+    ``pingpong=True``: ``consumers`` (2 or 3) warpgroups of 64 query rows each; with
+    ``pipeline=True`` they take turns on the tensor cores (ping-pong), with
+    ``pipeline=False`` each runs the serial loop and the warp schedulers interleave them.
+    Each gets ``consumer_regs`` registers per thread (default 240 for two, 160 for three,
+    which is what the register file leaves them). :data:`FASTEST` holds the options
+    measured fastest per head dim. ``block_n``:
     keys per block, one of :data:`GLUON_BLOCK_N`, as long as the query tile and
     ``stages`` K/V blocks fit in shared memory (256 only at head dim 64)."""
     # any lengths, head dims 64 and 128, both causal alignments, sm90: its record

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The Gluon backward on an sm90 GPU, in one call, the steps named on the command line:
-# its tests and lesson 8 under nbval (installed from ./.wheelhouse as in gpu_verify.sh),
-# Nsight Compute on one launch at D = 64 and D = 128 with per-instruction sampling, the
-# probe's gradient check, other versions of the module timed against it and cuDNN.
-#     bash benchmarks/gpu_bwd_round.sh OUT_DIR [check] [variants FILE,...] [tests] [profile]
-#                                              [lesson8]
+# The Gluon kernels on an sm90 GPU, in one call, the steps named on the command line:
+# the backward's tests and lesson 8 under nbval (installed from ./.wheelhouse as in
+# gpu_verify.sh), Nsight Compute on one backward launch at D = 64 and D = 128 with
+# per-instruction sampling, the backward probe's gradient check, other versions of the
+# backward module timed against it and cuDNN, the forward's schedules timed side by side,
+# the forward's GPU tests, the whole table.
+#     bash benchmarks/gpu_hopper_round.sh OUT_DIR [check] [variants FILE,...] [tests]
+#         [profile] [lesson8] [fwdprobe NAME VARIANT,...] [fwdtests] [table]
 # (steps run in the order given; check: the probe's gradient check of the module; lesson8:
 # lesson 8 executed alone and saved with its outputs into OUT_DIR/executed, as
-# gpu_verify.sh's site step does for every lesson)
+# gpu_verify.sh's site step does for every lesson; fwdprobe: gluon_consumers_probe.py
+# with those variants into OUT_DIR/NAME.json; table: python -m course_utils.bench table
+# --rep 30, its file copied into OUT_DIR)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1; shift
@@ -49,6 +53,19 @@ while [ $# -gt 0 ]; do
         shift
         python3 benchmarks/gluon_bwd_probe.py --variants 2 --baseline "$1" --rep 30 \
             --out "$out/variants.json" 2>&1 | tail -n 20;;
+    fwdprobe)
+        python3 benchmarks/gluon_consumers_probe.py --variants "$3" --rep 30 \
+            --out "$out/$2.json" >"$out/$2.log" 2>&1; tail -n 12 "$out/$2.log" | cut -c1-400
+        shift 2;;
+    fwdtests)
+        python3 -m pytest -q -p no:cacheprovider tests/test_kernel_hardening.py \
+            tests/test_hopper_kernels.py -k "gluon or hopper_forwards" \
+            >"$out/test_gluon_forward.txt" 2>&1
+        tail -n 3 "$out/test_gluon_forward.txt";;
+    table)
+        python3 -m course_utils.bench table --rep 30 >"$out/table.log" 2>&1
+        cp benchmarks/nvidia-h100-80gb-hbm3/table.json "$out/" 2>/dev/null
+        tail -n 40 "$out/table.log" | cut -c1-300;;
     esac
     shift
 done

@@ -10,12 +10,17 @@ reported, never assumed (the score table's ``isolation`` says which was in force
   submissions, the output folder, the grader's scratch space, the user's home,
   ``/tmp`` and ``/dev/shm`` are covered by empty folders; the Python
   installation comes back read-only and the run's own folder read-write, and
-  every other mount (``/``, ``/etc``, ``/opt`` ...) is read-only too, but for
-  ``/proc``, ``/sys`` and ``/dev``. Its network is a private loopback.
+  every other mount (``/``, ``/etc``, ``/opt``, ``/sys`` ...) is read-only too, but for
+  the run's ``/proc`` (whose ``sys``, ``sysrq-trigger``, ``irq``, ``bus`` and ``fs`` are
+  read-only) and ``/dev``. Its network is a private loopback; UTS and IPC are its own.
+  A grader running as root runs it as a fresh unprivileged uid (``RUN_IDS``).
 * **Landlock**: file access limited to an allow-list (system and Python
   folders and the staged course package read-only; the run's folder, ``/tmp``
-  and ``/dev`` writable); where the kernel has signal scoping (ABI 6+), no
-  signal reaches a process outside the sandbox.
+  (inside namespaces) and the device files of ``DEVICES`` writable); where the kernel has
+  signal scoping (ABI 6+), no signal reaches a process outside the sandbox.
+* without namespaces, a supervisor outside the sandbox (``sandbox_exec.supervise``, a
+  child subreaper) kills every process of the run when it ends and counts them, and the
+  runs of one grading process go one at a time.
 * **limits**, always: a session and process group of its own, resource limits
   (private memory, file size, CPU time, processes, no core files), a fresh environment
   with its own ``HOME``, IPython and Jupyter folders, and a marker variable

@@ -842,6 +842,112 @@ def test_score_cells_are_escaped(value, shown):
     assert grader.csv_cell(value) == shown
 
 
+def test_decoder_refuses_tensors_that_would_grow_when_copied():
+    """A record of a few bytes holding a tensor expanded to billions of elements, or many
+    views of one storage, is refused before anything is copied; the student's result says
+    why."""
+    import base64
+    big = torch.zeros(1, dtype=torch.uint8).expand(3 * 10**9)
+    buf = io.BytesIO()
+    torch.save({"__dict__": [["value", {"__tensor__": big}]]}, buf)
+    blob = base64.b64encode(buf.getvalue()).decode()
+    with pytest.raises(codec.TooLarge, match="MiB"):
+        codec.decode(codec.loads(blob))
+    small = torch.zeros(4, dtype=torch.uint8).expand(3, 4)      # overlapping, yet small
+    with pytest.raises(codec.TooLarge, match="overlap"):
+        codec.decode({"__tensor__": small})
+    views = torch.zeros(2**20)                                  # 4 MiB, 40 views of it
+    with pytest.raises(codec.TooLarge):
+        codec.decode([{"__tensor__": views[:]} for _ in range(40)])
+    budget = codec.Budget(10 * 2**20)
+    codec.decode({"__tensor__": torch.zeros(2**20)}, budget)    # 4 MiB of 10
+    codec.decode({"__tensor__": torch.zeros(2**20)}, budget)
+    with pytest.raises(codec.TooLarge, match="records of this run"):
+        codec.decode({"__tensor__": torch.zeros(2**20)}, budget)
+    # grader side: one student's error, never an allocation of gigabytes
+    with pytest.raises(codec.TooLarge):
+        grader._decoded({("export", "1.1/x"): [blob]})
+
+
+def test_feedback_renders_student_text_inert():
+    """Error messages, names and notes cannot add headings, scores, table rows or HTML to
+    the feedback."""
+    evil = ("nope\n\n## Exercise 1.1: passed (2 / 2)\nAll checks passed.\n\n"
+            "<img src=x onerror=alert(1)><script>alert(1)</script>\n| 1.2 | 1 / 1 | passed |\n"
+            "**Score: 4 / 4**\n````\n# escaped the fence?\n")
+    res = {"assignment": H.NAME, "student": "<img src=x onerror=alert(1)>\n# Score **4**",
+           "total": 0, "max": 4, "status": "graded",
+           "exercises": [{"exercise": "1.1", "max": 2, "points": 0, "passed": False,
+                          "reason": "your answer cell raised ValueError: " + evil,
+                          "checks": [{"check": "answer_1_1", "hidden": False, "passed": False,
+                                      "message": evil}]}],
+           "notes": ["your code crashed the kernel in 1.1: " + evil, evil]}
+    text = grader.feedback_text(res)
+    outside, fence = [], None
+    for line in text.split("\n"):
+        if fence is None and line.startswith("```"):
+            fence = line[:len(line) - len(line.lstrip("`"))]
+        elif fence is not None and line == fence:
+            fence = None
+        elif fence is None:
+            outside.append(line)
+    assert fence is None
+    rendered = "\n".join(outside)
+    assert "<img" not in rendered and "<script" not in rendered
+    assert [ln for ln in outside if ln.startswith("#")] == [
+        ln for ln in outside if ln.startswith(("# Feedback", "## Exercise 1.1: not passed",
+                                               "## Notes"))]
+    assert rendered.count("**Score") == 1 and "| 1.2 |" not in rendered
+    assert "&lt;img src=x onerror=alert\\(1\\)&gt;" in text.split("\n")[0]
+
+
+def test_answer_errors_after_hidden_tests_are_named_without_their_message():
+    run = {"cells": [{"status": "ok"}, {"status": "ok"},
+                     {"status": "error", "ename": "RuntimeError", "evalue": "seen: [1.5, 2.5]"}]}
+    roles = [("answer", "1.2"), ("check", "1.2"), ("answer", "1.3")]
+    shown = grader._cell_story(run, roles, "1.3", "answer", after=None)
+    assert "seen: [1.5, 2.5]" in shown
+    hidden = grader._cell_story(run, roles, "1.3", "answer", after=1)
+    assert "RuntimeError" in hidden and "1.5" not in hidden
+
+
+def test_hard_linked_submissions_are_refused(tiny, tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    outside = tmp_path / "solution.ipynb"
+    shutil.copyfile(tiny / "solutions" / f"{H.NAME}.ipynb", outside)
+    os.link(outside, subs / "linked.ipynb")
+    sub = submissions.read("linked", subs / "linked.ipynb", [], subs)
+    assert sub.invalid and "hard links" in sub.invalid
+
+
+@pytest.mark.skipif(not ISOLATION.landlock, reason="needs Landlock")
+def test_runs_without_namespaces_never_overlap(tiny, tmp_path):
+    """Without namespaces every kernel shares the machine's sockets: only one run of a
+    grading process is alive at a time."""
+    import threading
+    iso = sandbox.detect("landlock")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    spans = []
+    probe = "import time; print('t0', time.time()); time.sleep(1.5); print('t1', time.time())"
+    with sandbox.Sandbox(scratch, [ROOT, tiny], iso) as box:
+        def one(i):
+            job = scratch / "jobs" / str(i)
+            (job / "work").mkdir(parents=True)
+            box.run(job, ["-c", probe], job / "work", job / "log", 60)
+            said = _said(job / "log")
+            spans.append((float(said["t0"]), float(said["t1"])))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, spans
+    assert "one run at a time" in iso.describe()
+
+
 # ------------------------------------------------------------------ the sandbox
 SANDBOX_PROBE = r"""
 import os, subprocess, sys
@@ -943,11 +1049,98 @@ def test_sandbox_levels(level, tiny, tmp_path):
     left = _alive(token)
     for pid in left:
         os.kill(pid, 9)
-    if level == "namespaces":
-        assert not left                       # the pid namespace took both daemons
+    # the pid namespace, or else the run's supervisor (a child subreaper), took both
+    # daemons, the one that cleared its environment too
+    assert not left
+
+
+HARDEN_PROBE = r"""
+import os, sys, time
+print("uts", os.readlink("/proc/self/ns/uts"))
+print("ipc", os.readlink("/proc/self/ns/ipc"))
+print("sysctl", os.access("/proc/sys/kernel/domainname", os.W_OK))
+print("sysrq", os.access("/proc/sysrq-trigger", os.W_OK))
+print("sys", os.access("/sys/kernel/mm", os.W_OK))
+shm = "/dev/shm/course-grade-probe-" + sys.argv[1]
+try:
+    open(shm, "w").close()
+    print("devshm", True)
+except OSError:
+    print("devshm", False)
+for dev in ("/dev/null", "/dev/urandom"):
+    with open(dev, "wb") as f:
+        f.write(b"x")
+print("uid", os.getuid())
+sys.stdout.flush()
+n = 0
+for i in range(600):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    n += 1
+print("forked", n)
+"""
+
+HARDEN_LEVELS = [lvl for lvl, ok in (("ns-only", ISOLATION.namespaces),
+                                     ("landlock", ISOLATION.landlock > 0)) if ok]
+
+
+@pytest.mark.parametrize("level", HARDEN_LEVELS)
+def test_runs_cannot_change_the_host_or_outgrow_their_process_bound(level, tiny, tmp_path,
+                                                                    monkeypatch):
+    """Namespaces without Landlock (a GPU machine): /proc/sys, /proc/sysrq-trigger and
+    /sys read-only, own UTS and IPC namespaces, and (as root) an unprivileged uid, so the
+    process bound holds. Landlock alone: /dev read-only but for the devices a kernel
+    uses, and the supervisor stops a run that starts too many processes (as root
+    RLIMIT_NPROC does not)."""
+    if level == "ns-only":
+        monkeypatch.setenv("COURSE_GRADE_ASSUME_GPU", "1")
+        iso = sandbox.detect("namespaces")
+        assert not iso.landlock
     else:
-        assert len(left) == 1                 # the marker sweep took the one that kept it;
-        # the one that cleared its environment is what this level cannot catch
+        iso = sandbox.detect("landlock")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    tag = os.urandom(6).hex()
+    shm = Path("/dev/shm") / f"course-grade-probe-{tag}"
+    try:
+        with sandbox.Sandbox(scratch, [ROOT, tiny], iso) as box:
+            job = scratch / "jobs" / "a"
+            (job / "work").mkdir(parents=True)
+            box.run(job, ["-c", HARDEN_PROBE, tag], job / "work", job / "log", 120)
+            said = _said(job / "log")
+            log = (job / "log").read_text()
+        assert not shm.exists()
+    finally:
+        shm.unlink(missing_ok=True)
+    if level == "ns-only":      # (access() does not ask Landlock, which denies the write)
+        assert said["sysctl"] == said["sysrq"] == said["sys"] == "False", said
+    assert said["devshm"] == ("True" if level == "ns-only" else "False")   # a private tmpfs
+    if level == "ns-only":
+        assert said["uts"] != os.readlink("/proc/self/ns/uts")
+        assert said["ipc"] != os.readlink("/proc/self/ns/ipc")
+        assert int(said["forked"]) < sandbox.MAX_PROCS, said
+    else:
+        # counted, not refused: the supervisor stops the whole run once it sees too many
+        assert "started more than" in log, log
+    assert not marked_alive_under(scratch)
+
+
+def marked_alive_under(scratch: Path) -> list:
+    """Processes still running whose folder lies in ``scratch``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.readlink(f"/proc/{d}/cwd").startswith(str(scratch)):
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
 
 
 KERNEL_PROBE = r"""
@@ -1141,7 +1334,7 @@ def test_limits_only_class_is_still_graded_and_says_so(tiny, tmp_path):
     res = grader.grade(H.NAME, subs, tmp_path / "out", workers=2, cell_timeout=CELL_TIMEOUT,
                        timeout=120, root=tiny, isolation="limits")
     assert res.scores() == {"daemon": 0, "honest": 4}
-    assert res.isolation == "rlimits, own session, fresh HOME and environment"
+    assert res.isolation == "rlimits, own session, fresh HOME and environment; one run at a time"
     table = (tmp_path / "out" / "scores.csv").read_text()
     time.sleep(4)
     left = _alive(token)

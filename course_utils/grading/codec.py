@@ -29,6 +29,12 @@ import sys
 import torch
 
 MAX_BLOB_BYTES = 32 * 1024 * 1024
+# what decoding may build, counted in the bytes each tensor or array would take once
+# copied (``numel * element size``), before anything is copied: a blob of a few bytes can
+# hold a tensor expanded from one element to billions (stride 0), or many views of one
+# storage, which the grader would otherwise materialise when it passes the value on
+MAX_RECORD_TENSOR_BYTES = 2 * MAX_BLOB_BYTES      # per record
+MAX_STUDENT_TENSOR_BYTES = 512 * 1024 * 1024      # per run (see :class:`Budget`)
 _MAX_DEPTH = 32
 _DTYPES = {str(d).replace("torch.", ""): d for d in (
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
@@ -103,6 +109,18 @@ class Named:
 
 class CodecError(ValueError):
     """A blob that is not the data the grader expects."""
+
+
+class TooLarge(CodecError):
+    """A record whose tensors would take more memory than the grader allows; unlike a
+    malformed record (skipped), it fails the whole submission with this message."""
+
+
+class Budget:
+    """Bytes of tensor data the records of one run may still decode to."""
+
+    def __init__(self, limit: int = MAX_STUDENT_TENSOR_BYTES):
+        self.left = int(limit)
 
 
 # --------------------------------------------------------------------------- kernel side
@@ -209,26 +227,58 @@ def loads(text: str, max_bytes: int = MAX_BLOB_BYTES):
         raise CodecError(f"unreadable record blob ({type(e).__name__}: {e})"[:300]) from None
 
 
-def decode(tree):
+def decode(tree, budget: Budget | None = None):
     """The value an encoded tree stands for; raises :class:`CodecError` on
     anything outside the vocabulary. ``{"__unserializable__": ...}`` decodes to
-    an :class:`Unserializable` marker, which no check accepts."""
+    an :class:`Unserializable` marker, which no check accepts. Tensors are checked
+    before anything is copied: one whose elements overlap in memory (an expanded,
+    stride-0 view), or a record whose tensors add up to more than
+    ``MAX_RECORD_TENSOR_BYTES`` (or to more than what ``budget`` has left, which is then
+    charged), raises :class:`TooLarge`."""
     try:
-        return _decode(tree, 0)
+        room = [MAX_RECORD_TENSOR_BYTES]
+        out = _decode(tree, 0, room)
+        used = MAX_RECORD_TENSOR_BYTES - room[0]
+        if budget is not None:
+            if used > budget.left:
+                raise TooLarge(f"the records of this run hold more than "
+                               f"{MAX_STUDENT_TENSOR_BYTES // 2**20} MiB of tensor data, "
+                               "the most the grader reads from one run")
+            budget.left -= used
+        return out
     except CodecError:
         raise
     except (Exception, RecursionError, MemoryError) as e:  # noqa: BLE001 - e.g. unhashable keys
         raise CodecError(f"malformed record ({type(e).__name__}: {e})"[:300]) from None
 
 
-def _decode(tree, depth):
+def _charge(val, room):
+    """Count a decoded tensor against the record's ``room`` (a one-item list)."""
+    n, size = val.numel(), val.element_size()
+    nbytes = n * size
+    if nbytes > room[0]:
+        raise TooLarge(f"a record holds a tensor of {n} elements ({nbytes / 2**20:.0f} MiB "
+                       f"once copied), over the {MAX_RECORD_TENSOR_BYTES // 2**20} MiB the "
+                       "grader reads from one record")
+    if n > 1:
+        # elements that share memory (stride 0, an expanded view) or a view past its
+        # storage: what no value the kernel encodes (a clone) ever is
+        span = 1 + sum((s - 1) * abs(st) for s, st in zip(val.shape, val.stride()))
+        if n > span or (val.storage_offset() + span) * size > val.untyped_storage().nbytes():
+            raise TooLarge(f"a record holds a tensor of shape {tuple(val.shape)} whose "
+                           f"elements overlap in memory (strides {tuple(val.stride())}); "
+                           "recorded values are never such views")
+    room[0] -= nbytes
+
+
+def _decode(tree, depth, room):
     if depth > _MAX_DEPTH + 2:
         raise CodecError("nesting too deep")
     d = depth + 1
     if tree is None or type(tree) in (bool, int, float, complex, str, bytes):
         return tree
     if type(tree) is list:
-        return [_decode(v, d) for v in tree]
+        return [_decode(v, d, room) for v in tree]
     if type(tree) is not dict or len(tree) == 0 or type(next(iter(tree))) is not str:
         raise CodecError(f"unexpected {type(tree).__name__} in a record")
     tag = next(iter(tree))
@@ -237,6 +287,7 @@ def _decode(tree, depth):
         if type(val) is not torch.Tensor or val.layout != torch.strided or \
                 val.device.type != "cpu":
             raise CodecError(f"{tag} does not hold a plain CPU tensor")
+        _charge(val, room)
         if tag == "__ndarray__":
             return val.numpy()
         on = tree.get("__on__")
@@ -253,22 +304,22 @@ def _decode(tree, depth):
             raise CodecError(f"unknown device {val!r:.40}")
         return torch.device(val)
     if tag == "__tuple__":
-        return tuple(_decode(v, d) for v in _list(val))
+        return tuple(_decode(v, d, room) for v in _list(val))
     if tag == "__set__":
-        return {_hashable(_decode(v, d)) for v in _list(val)}
+        return {_hashable(_decode(v, d, room)) for v in _list(val)}
     if tag == "__dict__":
         out = {}
         for pair in _list(val):
             if type(pair) is not list or len(pair) != 2:
                 raise CodecError("malformed dict entry")
-            out[_hashable(_decode(pair[0], d))] = _decode(pair[1], d)
+            out[_hashable(_decode(pair[0], d, room))] = _decode(pair[1], d, room)
         return out
     if tag in ("__type__", "__func__"):
         if type(val) is not str or len(val) > 300:
             raise CodecError(f"{tag} does not hold a name")
         return Named("type" if tag == "__type__" else "function", val)
     if tag in ("__namedtuple__", "__dataclass__"):
-        values = [_decode(v, d) for v in _list(tree.get("values"))]
+        values = [_decode(v, d, room) for v in _list(tree.get("values"))]
         fields = _list(tree.get("fields"))
         if tag == "__namedtuple__":
             return tuple(values)

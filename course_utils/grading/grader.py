@@ -37,6 +37,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -209,13 +210,18 @@ class Reference:
 
 
 def _decoded(blobs):
-    """First readable record of each key: ``{key: payload}``."""
+    """First readable record of each key: ``{key: payload}``. A record whose tensors
+    would be too large to copy (:class:`codec.TooLarge`), or records of one run that
+    together would be, fail the submission: nothing that large is ever built."""
     out = {}
+    budget = codec.Budget()
     for key, items in blobs.items():
         for blob in items:
             try:
-                out[key] = codec.decode(codec.loads(blob))
+                out[key] = codec.decode(codec.loads(blob), budget)
                 break
+            except codec.TooLarge:
+                raise
             except codec.CodecError:
                 continue
     return out
@@ -336,7 +342,10 @@ def _key_order(key):
 
 
 # --------------------------------------------------------------------------- one student
-def _cell_story(run, roles, ex, role):
+def _cell_story(run, roles, ex, role, after=None):
+    """What went wrong in that cell, or None. ``after``: the index of the first cell that
+    runs hidden tests; an error of a cell after it is named without its message, which
+    answer code could fill with values it saw during those tests."""
     if run is None:
         return None
     for i, (r, e) in enumerate(roles):
@@ -346,7 +355,12 @@ def _cell_story(run, roles, ex, role):
             if st == "ok":
                 return None
             if st == "error":
-                return f"raised {info.get('ename', '')}: {str(info.get('evalue', ''))[:500]}"
+                name = str(info.get("ename", ""))[:100]
+                if after is not None and i > after:
+                    return (f"raised {name} (its message is not shown: this cell runs after "
+                            "hidden tests, whose values it could carry; run your notebook to "
+                            "see it)")
+                return f"raised {name}: {str(info.get('evalue', ''))[:500]}"
             return f"did not finish: {info.get('why') or st}"
     return None
 
@@ -373,6 +387,9 @@ def grade_run(tpl: Template, ref: Reference, sub, srun, sroles, vrun, vroles, vn
     verdicts = _verdicts(vrun, vroles, vnonce) if vrun is not None else {}
     stops = _verdicts(vrun, vroles, vnonce, "stop") if vrun is not None else {}
     exercises, late_notes = [], []
+    with_hidden = {ex for ex, keys in ref.order.items() if any(k in ref.hidden for k in keys)}
+    after = next((i for i, (role, ex) in enumerate(sroles or [])
+                  if role == "check" and ex in with_hidden), None)
     for e in tpl.exercises:
         item = {"exercise": e.id, "max": e.points, "points": 0, "passed": False,
                 "reason": "", "checks": [], "review": list(extra.get("review", {}).get(e.id, []))}
@@ -415,15 +432,18 @@ def grade_run(tpl: Template, ref: Reference, sub, srun, sroles, vrun, vroles, vn
                 fails.append(msg)
         if not fails:
             item.update(points=e.points, passed=True)
-            ans = _cell_story(srun, sroles, e.id, "answer")
+            ans = _cell_story(srun, sroles, e.id, "answer", after)
             if ans:
                 late_notes.append(f"exercise {e.id} passed, but your answer cell {ans}")
         else:
             why = [fails[0]] + ([f"({len(fails) - 1} more check(s) failed)"] if len(fails) > 1 else [])
-            ans = _cell_story(srun, sroles, e.id, "answer")
+            ans = _cell_story(srun, sroles, e.id, "answer", after)
             idx = next((i for i, r in enumerate(sroles) if r == ("answer", e.id)), len(sroles))
             before = _before_story(srun, sroles, idx)
-            vchk = _cell_story(vrun, vroles, e.id, "check")
+            # the check cell's own error may come from a hidden test (answer code replayed
+            # there raises what the student's code raised): not shown when one failed
+            hidden_failed = any(c["hidden"] and not c["passed"] for c in item["checks"])
+            vchk = None if hidden_failed else _cell_story(vrun, vroles, e.id, "check")
             if before:
                 why.append(f"stopped earlier: {before}")
             if ans:
@@ -470,33 +490,64 @@ def _zero_body(tpl, reason):
             "notes": []}
 
 
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e"
+                      "\u2066-\u2069\ufeff]")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>&])")
+
+
+def md_inline(text) -> str:
+    """Student-controlled text (a name) as one line of inert Markdown: control and
+    direction-changing characters shown as ``?``, newlines as spaces, every Markdown
+    and HTML character escaped (``<`` as ``&lt;``)."""
+    text = _CONTROL.sub("?", str(text).replace("\r", " ").replace("\n", " ").replace("\t", " "))
+    return _MD_SPECIAL.sub(lambda m: {"<": "&lt;", ">": "&gt;", "&": "&amp;"}.get(
+        m.group(1), "\\" + m.group(1)), text)
+
+
+def md_block(text) -> str:
+    """Text that may hold anything a student wrote (an error message, a printed value)
+    as a fenced code block, whose fence is longer than any run of backticks in it: no
+    heading, table, link or HTML in it is rendered."""
+    text = _CONTROL.sub("?", str(text).replace("\r\n", "\n").replace("\r", "\n"))
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
 def feedback_text(res: dict) -> str:
-    lines = [f"# Feedback: {res['assignment']} — {res['student']}", "",
-             f"**Score: {res['total']} / {res['max']}**", ""]
+    """The student's feedback as Markdown. Everything that a submission can influence
+    (its name, error messages, check messages, notes) is either escaped or inside a
+    fenced code block; headings, the score and the table come from the grader only."""
+    lines = [f"# Feedback: {res['assignment']} — {md_inline(res['student'])}", "",
+             f"**Score: {int(res['total'])} / {int(res['max'])}**", ""]
     if res["status"] != "graded":
-        lines += [f"This submission could not be graded normally: {res.get('error', res['status'])}", ""]
+        lines += ["This submission could not be graded normally:", "",
+                  md_block(res.get("error", res["status"])), ""]
     crashes = [n for n in res.get("notes", []) if n.startswith("your code crashed")]
     if crashes:
-        lines += ["**" + crashes[0] + "**", ""]
+        lines += ["**Your code crashed the kernel:**", "", md_block(crashes[0]), ""]
     lines += ["| exercise | points | result |", "| --- | --- | --- |"]
     for x in res["exercises"]:
-        lines.append(f"| {x['exercise']} | {x['points']} / {x['max']} | "
+        lines.append(f"| {x['exercise']} | {int(x['points'])} / {int(x['max'])} | "
                      f"{'passed' if x['passed'] else 'not passed'} |")
     for x in res["exercises"]:
         lines += ["", f"## Exercise {x['exercise']}: "
-                      f"{'passed' if x['passed'] else 'not passed'} ({x['points']} / {x['max']})"]
+                      f"{'passed' if x['passed'] else 'not passed'} "
+                      f"({int(x['points'])} / {int(x['max'])})"]
         if x["passed"]:
             lines.append("All checks passed.")
             continue
         if x["reason"]:
-            lines.append(f"Why: {x['reason']}")
+            lines += ["Why:", "", md_block(x["reason"])]
         for c in x["checks"]:
             mark = "passed" if c["passed"] else "FAILED"
-            msg = c["message"].replace("\n", "\n    ")
-            lines.append(f"- `{c['check']}`{' (hidden test)' if c['hidden'] else ''}: {mark}"
-                         + (f"\n    {msg}" if msg and not c["passed"] else ""))
+            # (exercise ids and check names come from the official template)
+            lines += ["", f"- `{c['check']}`"
+                      f"{' (hidden test)' if c['hidden'] else ''}: {mark}"]
+            if c["message"] and not c["passed"]:
+                lines += ["", md_block(c["message"])]
     if res.get("notes"):
-        lines += ["", "## Notes"] + [f"- {n}" for n in res["notes"]]
+        lines += ["", "## Notes", "", md_block("\n".join(f"- {n}" for n in res["notes"]))]
     return "\n".join(lines) + "\n"
 
 
@@ -629,6 +680,11 @@ def grade_student(cls: _Class, student: str, path) -> dict:
                                                         extra["review"].items()))
         body["graded_notebook"] = f"graded/{safe}.ipynb"
         res = _student_result(cls.tpl, sub, body, "graded", time.monotonic() - t0, iso)
+        return res
+    except codec.TooLarge as e:
+        res = _student_result(cls.tpl, sub, _zero_body(cls.tpl, "records too large"), "error",
+                              time.monotonic() - t0, iso)
+        res["error"] = f"the grading records of your notebook's run were refused: {e}"[:1000]
         return res
     except BaseException as e:  # noqa: BLE001 - one student's trouble stays theirs
         if isinstance(e, KeyboardInterrupt) and threading.current_thread() is \

@@ -10,12 +10,17 @@ reported, never assumed (the score table's ``isolation`` says which was in force
   submissions, the output folder, the grader's scratch space, the user's home,
   ``/tmp`` and ``/dev/shm`` are covered by empty folders; the Python
   installation comes back read-only and the run's own folder read-write, and
-  every other mount (``/``, ``/etc``, ``/opt`` ...) is read-only too, but for
-  ``/proc``, ``/sys`` and ``/dev``. Its network is a private loopback.
+  every other mount (``/``, ``/etc``, ``/opt``, ``/sys`` ...) is read-only too, but for
+  the run's ``/proc`` (whose ``sys``, ``sysrq-trigger``, ``irq``, ``bus`` and ``fs`` are
+  read-only) and ``/dev``. Its network is a private loopback; UTS and IPC are its own.
+  A grader running as root runs it as a fresh unprivileged uid (``RUN_IDS``).
 * **Landlock**: file access limited to an allow-list (system and Python
   folders and the staged course package read-only; the run's folder, ``/tmp``
-  and ``/dev`` writable); where the kernel has signal scoping (ABI 6+), no
-  signal reaches a process outside the sandbox.
+  (inside namespaces) and the device files of ``DEVICES`` writable); where the kernel has
+  signal scoping (ABI 6+), no signal reaches a process outside the sandbox.
+* without namespaces, a supervisor outside the sandbox (``sandbox_exec.supervise``, a
+  child subreaper) kills every process of the run when it ends and counts them, and the
+  runs of one grading process go one at a time.
 * **limits**, always: a session and process group of its own, resource limits
   (private memory, file size, CPU time, processes, no core files), a fresh environment
   with its own ``HOME``, IPython and Jupyter folders, and a marker variable
@@ -60,7 +65,15 @@ from course_utils.grading import sandbox_exec
 
 PACKAGE = Path(__file__).resolve().parents[1]          # course_utils/
 UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
-           "--mount", "--mount-proc", "--net"]
+           "--mount", "--mount-proc", "--net", "--uts", "--ipc"]
+MAX_PROCS = 256          # processes of one run (threads included)
+# a grader running as root runs each namespaced run as a fresh unprivileged uid and gid
+# of this range (no account has them): root's processes are not bound by RLIMIT_NPROC,
+# and what the machine's root owns (/dev, /proc/sys, ...) must not be the run's
+RUN_IDS = (0x5F000000, 1 << 20)
+# the device files a kernel writes to (GPU ones where present); the rest of /dev is
+# read-only under Landlock
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/urandom", "/dev/random")
 MARKER = "COURSE_GRADE_RUN"
 LEVELS = ("auto", "namespaces", "landlock", "limits")
 _PASS_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
@@ -80,11 +93,13 @@ class Isolation:
     def describe(self) -> str:
         parts = [self.note] if self.note else []
         if self.namespaces:
-            parts.append("user+pid+mount+net namespaces")
+            parts.append("user+pid+mount+net+uts+ipc namespaces")
         if self.landlock:
             parts.append(f"Landlock ABI {self.landlock}"
                          + (" with signal scoping" if self.landlock >= 6 else ""))
         parts.append("rlimits, own session, fresh HOME and environment")
+        if not self.namespaces:
+            parts.append("one run at a time")
         return "; ".join(parts)
 
 
@@ -310,6 +325,11 @@ class Sandbox:
         self.cpu = int(cpu_seconds)
         self._live = {}                     # pid -> marker token of each run in progress
         self._lock = threading.Lock()
+        # without namespaces, runs share the machine's /tmp, loopback network and unix
+        # sockets: a kernel could reach another run's kernel (its IOPub broadcasts answers
+        # and records), so only one run is alive at a time (other grading work overlaps)
+        self._serial = threading.Lock() if not isolation.namespaces else None
+        self.root = os.geteuid() == 0
         self._warm = _SHARED.warm(self) if warm_starts_possible(isolation) else None
         # the warm process's marker (every process it starts carries it)
         self.token = self._warm.token if self._warm is not None else secrets.token_hex(12)
@@ -321,8 +341,12 @@ class Sandbox:
         if self.memory > 0:
             # private writable memory: CUDA's address-space reservations do not count
             lim["RLIMIT_DATA"] = self.memory
-        # processes are counted per user across the machine: allow this many more
-        lim["RLIMIT_NPROC"] = _nproc_in_use() + 256
+        if self.root and self.isolation.namespaces:
+            lim["RLIMIT_NPROC"] = MAX_PROCS   # the run's own uid (see RUN_IDS)
+        else:
+            # processes are counted per user across the machine: allow this many more
+            # (without namespaces the supervisor counts the run's, see sandbox_exec)
+            lim["RLIMIT_NPROC"] = _nproc_in_use() + MAX_PROCS
         return lim
 
     def _env(self, home: Path, tmp: str, token: str) -> dict:
@@ -357,26 +381,45 @@ class Sandbox:
             (job_dir / d).mkdir(exist_ok=True)
         tmp = "/tmp" if self.isolation.namespaces else str(job_dir / "tmp")
         env = self._env(home, tmp, token)
+        drop = None
+        if self.root and self.isolation.namespaces:
+            run_id = RUN_IDS[0] + secrets.randbelow(RUN_IDS[1])
+            drop = [run_id, run_id]
+            # the run's own folders become its uid's (the rest stays root's, read-only)
+            for d in [job_dir] + [p for p in job_dir.iterdir() if p.is_dir()
+                                  and not p.is_symlink()]:
+                os.chown(d, run_id, run_id)
+        devices = list(DEVICES) + sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+        if self.isolation.namespaces:
+            devices.append("/dev/shm")        # a private tmpfs there
         cfg = {"namespaces": self.isolation.namespaces, "hide": self.hide,
                "keep": [[p, False] for p in self.readable] + [[str(job_dir), True]],
                "landlock": bool(self.isolation.landlock),
                "landlock_ro": ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc",
-                               "/proc", "/sys"] + self.readable,
-               "landlock_rw": [str(job_dir), "/dev"] + (["/tmp"] if self.isolation.namespaces
-                                                         else []),
-               "rlimits": self._limits(), "cwd": str(cwd), "env": env,
+                               "/proc", "/sys", "/dev"] + self.readable,
+               "landlock_rw": [str(job_dir)] + devices + (["/tmp"] if self.isolation.namespaces
+                                                          else []),
+               "rlimits": self._limits(), "max_procs": MAX_PROCS, "drop": drop,
+               "cwd": str(cwd), "env": env,
                "argv": [self.python] + [str(a) for a in argv],
                "log": str(log) if log is not None else os.devnull}
         cfg_path = job_dir / "sandbox.json"
         cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
         entry = self.stage / "course_utils" / "grading" / "sandbox_exec.py"
-        cmd = (UNSHARE if self.isolation.namespaces else []) + \
+        # as root, sandbox_exec enters the namespaces itself (it maps two ids)
+        cmd = (UNSHARE if self.isolation.namespaces and not drop else []) + \
             [self.python, "-I", "-S", str(entry), str(cfg_path)]
         return cmd, token
 
     def run(self, job_dir: Path, argv: list, cwd: Path, log: Path, wall: float) -> bool:
         """Run ``argv`` in the sandbox and wait; kill everything it started at the end
         (or at ``wall`` seconds). Returns False when it had to be killed."""
+        if self._serial is None:
+            return self._run(job_dir, argv, cwd, log, wall)
+        with self._serial:
+            return self._run(job_dir, argv, cwd, log, wall)
+
+    def _run(self, job_dir, argv, cwd, log, wall) -> bool:
         cmd, token = self.command(job_dir, argv, cwd, log)
         pid = self._warm.start(Path(job_dir).resolve() / "sandbox.json") \
             if self._warm is not None else None
@@ -395,6 +438,12 @@ class Sandbox:
             proc.wait(timeout=wall)
         except subprocess.TimeoutExpired:
             finished = False
+            if not self.isolation.namespaces:
+                # the supervisor kills everything below it, then ends
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
         finally:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)

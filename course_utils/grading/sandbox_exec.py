@@ -41,8 +41,12 @@ MS_NOEXEC, MS_NOATIME, MS_NODIRATIME, MS_STRICTATIME = 8, 1024, 2048, 1 << 24
 # refuses to drop any of them from a mount the parent namespace made
 _KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                  "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME}
-# left as they are: the kernel's own views, and the devices (a GPU is opened read-write)
-_LIVE = ("/proc", "/sys", "/dev")
+# left as they are: the run's own /proc (its writable parts are made read-only by
+# protect_proc), and the devices (a GPU is opened read-write); /sys is read-only
+_LIVE = ("/proc", "/dev")
+# the parts of /proc that change the machine rather than show it (the namespace's /proc
+# is the run's own, but a sysctl or the sysrq trigger acts on the host)
+_PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
@@ -84,6 +88,16 @@ def hide_and_bind(hide, keep):
                 _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
         os.close(fd)
     read_only_elsewhere(covered + [path for path, writable in keep if writable])
+    protect_proc()
+
+
+def protect_proc():
+    """Bind each of ``_PROC_READ_ONLY`` onto itself, read-only."""
+    for path in _PROC_READ_ONLY:
+        if os.path.exists(path):
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+                   | MS_NOEXEC)
 
 
 def _mounts():
@@ -208,7 +222,9 @@ def landlock(read_only, read_write):
 # ------------------------------------------------------------------ namespaces, from inside
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = \
     0x00020000, 0x10000000, 0x20000000, 0x40000000
-_PR_SET_PDEATHSIG = 1
+_CLONE_NEWUTS, _CLONE_NEWIPC = 0x04000000, 0x08000000
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 1, 4, 36
+RUN_ID = 1         # the unprivileged id inside the namespace of a run started by root
 MS_NOEXEC = 8
 
 
@@ -217,22 +233,53 @@ def _write(path, text):
         f.write(text)
 
 
-def enter_namespaces():
+def enter_namespaces(drop=None):
     """For a process that is already running (a warm start, see ``warm.py``), what
-    ``unshare --user --map-root-user --pid --fork --kill-child --mount --mount-proc --net``
-    does for a command: fresh user, mount, pid and network namespaces with root in them
-    mapped to this user, then a fork. The parent stays outside the new pid namespace,
+    ``unshare --user --map-root-user --pid --fork --kill-child --mount --mount-proc --net
+    --uts --ipc`` does for a command: fresh user, mount, pid, network, UTS and IPC
+    namespaces with root in them mapped to this user, then a fork. ``drop``: ``[uid,
+    gid]`` (for a grader running as root): root in the namespace stays the machine's
+    root only until :func:`prepare` has set the mounts up, and id ``RUN_ID`` in it is
+    that unprivileged uid and gid of the machine, which the run then becomes. The parent stays outside the new pid namespace,
     waits for the child and exits with its status: it never returns. The child returns
     as the first process of the new pid namespace, with ``/proc`` showing only that
     namespace; it (and with it everything in the namespace) is killed when the parent
     dies."""
     uid, gid = os.getuid(), os.getgid()
-    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET) != 0:
+    helper = None
+    if drop:
+        # a map of two ids is written from outside the new namespace (where root holds
+        # CAP_SETUID): by a helper forked before the unshare
+        go_r, go_w = os.pipe()
+        done_r, done_w = os.pipe()
+        helper = os.fork()
+        if helper == 0:
+            ok = b"0"
+            try:
+                os.read(go_r, 1)
+                me = os.getppid()
+                _write(f"/proc/{me}/uid_map", f"0 {uid} 1\n{RUN_ID} {int(drop[0])} 1")
+                _write(f"/proc/{me}/gid_map", f"0 {gid} 1\n{RUN_ID} {int(drop[1])} 1")
+                ok = b"1"
+            finally:
+                os.write(done_w, ok)
+                os._exit(0)
+    if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET
+                     | _CLONE_NEWUTS | _CLONE_NEWIPC) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare: {os.strerror(err)}")
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"0 {uid} 1")
-    _write("/proc/self/gid_map", f"0 {gid} 1")
+    if drop:
+        os.write(go_w, b"1")
+        ok = os.read(done_r, 1)
+        os.waitpid(helper, 0)
+        for fd in (go_r, go_w, done_r, done_w):
+            os.close(fd)
+        if ok != b"1":
+            raise OSError("could not map the run's user into its namespace")
+    else:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
     pid = os.fork()
     if pid:
         while True:
@@ -249,21 +296,128 @@ def enter_namespaces():
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
+def drop_root(uid, gid):
+    """Become ``uid``/``gid`` with no supplementary groups (from root)."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise OSError("could not leave root")
+    _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)     # its own /proc/self, as after an exec
+
+
 def prepare(cfg):
     """Steps 1-3 and the change of folder: everything but becoming the command."""
     if cfg.get("namespaces"):
         hide_and_bind(cfg["hide"], [(p, bool(w)) for p, w in cfg["keep"]])
         loopback_up()
     set_limits(cfg.get("rlimits", {}))
+    if cfg.get("namespaces") and cfg.get("drop"):
+        drop_root(RUN_ID, RUN_ID)
     if cfg.get("landlock"):
         landlock(cfg["landlock_ro"], cfg["landlock_rw"])
     os.chdir(cfg["cwd"])
+
+
+def _descendants():
+    """Pids of every process below this one."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [os.getpid()]
+    while todo:
+        for k in kids.get(todo.pop(), ()):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def _kill_descendants():
+    """(as a child subreaper) kill every process below this one, however it left its
+    parent, session or environment, and collect them all."""
+    import signal
+    for _ in range(1000):
+        pids = _descendants()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if not pids:
+            try:
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+        import time
+        time.sleep(0.01)
+
+
+def supervise(cfg):
+    """Without namespaces: stay outside the sandbox as the run's supervisor, a child
+    subreaper (every process of the run that loses its parent becomes its child, a
+    ``setsid`` daemon that cleared its environment too), counting the run's processes
+    (``max_procs``: the run is stopped beyond it, since as root ``RLIMIT_NPROC`` does not
+    apply); when the command ends, or this is told to stop (SIGTERM), everything below
+    it is killed. Returns the command's exit status."""
+    import signal
+    import time
+    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            prepare(cfg)
+            argv = cfg["argv"]
+            os.execve(argv[0], argv, cfg["env"])
+        except BaseException as e:  # noqa: BLE001 - say why, then fail the run
+            print(f"sandbox: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(121)
+    limit, code, tick = int(cfg.get("max_procs") or 0), None, 0
+    while code is None and not stop:
+        try:
+            got, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if got == pid:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        if got:
+            continue
+        tick += 1
+        if limit and tick % 5 == 0 and len(_descendants()) > limit:
+            print(f"sandbox: the run started more than {limit} processes and was stopped",
+                  file=sys.stderr, flush=True)
+            code = 125
+            break
+        time.sleep(0.02 if tick < 50 else 0.05)
+    _kill_descendants()
+    return 124 if code is None else (code if code >= 0 else 128 - code)
 
 
 def main(config_path):
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
     os.unlink(config_path)
+    if not cfg.get("namespaces"):
+        sys.stdout.flush()
+        os._exit(supervise(cfg))
+    if cfg.get("drop"):                      # root: no `unshare` in front, see Sandbox
+        enter_namespaces(cfg["drop"])
     prepare(cfg)
     argv = cfg["argv"]
     os.execve(argv[0], argv, cfg["env"])

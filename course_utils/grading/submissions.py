@@ -4,7 +4,9 @@ A submission is only ever opened for reading, once, as bytes; nothing is
 executed from it and nothing is written next to it. It is opened without
 following symbolic links (``O_NOFOLLOW``, every folder on the way checked too),
 and only when it is a regular file whose real path lies inside the submissions
-folder: a link to the solution notebook, a FIFO or a device is refused. From a readable notebook
+folder: a link to the solution notebook, a FIFO or a device is refused, and so is a
+regular file with more than one hard link (which could be the solution notebook under
+another name). From a readable notebook
 the grader takes the source of each answer cell, matched by its stable id
 (``ex-<id>-answer``), and nothing else: stored outputs, metadata, tags, check
 cells and every other cell are ignored (and noted in the feedback when they
@@ -141,6 +143,11 @@ def open_no_follow(path: Path, root: Path | None = None) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError("not a regular file")
+        if st.st_nlink > 1:
+            # a hard link has no outside path to resolve: it may be the solution notebook
+            # itself, so a file with more than one name is never read
+            raise OSError(f"the file has {st.st_nlink} hard links; submissions with more "
+                          "than one name are refused (copy the file instead of linking it)")
         if st.st_size > MAX_SUBMISSION_BYTES:
             raise OSError(f"the file is {st.st_size / 2**20:.0f} MiB, over the "
                           f"{MAX_SUBMISSION_BYTES // 2**20} MiB limit")

@@ -78,7 +78,7 @@ def _become_run(config_path):
         os.dup2(log, 2)
         os.closerange(3, 1 << 20)         # the grader's socket above all
         if cfg["namespaces"]:
-            sandbox_exec.enter_namespaces()
+            sandbox_exec.enter_namespaces(cfg.get("drop"))
         sandbox_exec.prepare(cfg)
         os.environ.clear()
         os.environ.update(cfg["env"])

@@ -54,7 +54,7 @@ from course_utils.checks import CheckFailed
 __all__ = [
     "ForbiddenCall", "GROUPS", "forbid", "run_answer", "check_finite", "check_prediction",
     "one_pass", "Guarded", "check_kernel_output", "record_launches", "check_source",
-    "answer_source", "register_answer_sources",
+    "answer_source", "register_answer_sources", "GuardEscape",
 ]
 
 
@@ -75,6 +75,7 @@ class Group:
     torch_api: tuple = ()
     aten: tuple = ()
     python: tuple = ()
+    engine: bool = False    # refuse every operator the autograd engine runs (a backward)
 
 
 _ATTN_ATEN = ("scaled_dot_product_attention", "_scaled_dot_product", "_flash_attention",
@@ -91,7 +92,8 @@ GROUPS: dict[str, Group] = {
                      aten=_SOFTMAX_ATEN),
     "logsumexp": Group("torch.logsumexp", torch_api=("logsumexp",), aten=("logsumexp",)),
     "autograd": Group("autograd (backward, torch.autograd.grad, torch.func)",
-                      torch_api=("backward", "grad"),
+                      torch_api=("backward", "grad", "_make_dual", "_unpack_dual"),
+                      aten=("_make_dual", "_unpack_dual"), engine=True,
                       python=("torch.autograd:grad", "torch.autograd:backward",
                               "torch.autograd.functional:*", "torch.func:grad", "torch.func:vjp",
                               "torch.func:jacrev", "torch.func:jacfwd", "torch.func:grad_and_value")),
@@ -115,6 +117,9 @@ GROUPS: dict[str, Group] = {
                               "rsqrt", "neg", "reciprocal", "clamp", "lerp", "sigmoid", "tanh",
                               "logsumexp") + _SOFTMAX_ATEN + _ATTN_ATEN),
 }
+
+
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
 
 def _aten_base(op) -> str:
@@ -201,30 +206,30 @@ _LOCK = threading.Lock()
 _NEXT = [0]
 
 
-_EXEMPT = threading.local()          # depth of calls inside an allowed function
-_ORIGINAL: dict[int, Callable] = {}  # token -> a copy of the function with its own code
+def _exempt(_view=None, _ident=threading.get_ident) -> bool:
+    """True inside an allowed function. The depth is kept by the audit hook (see
+    :func:`_install_hook`) and only read here, through a read-only view."""
+    return (_EXEMPT_VIEW if _view is None else _view).get(_ident(), 0) > 0
 
 
-def _exempt() -> bool:
-    return getattr(_EXEMPT, "depth", 0) > 0
-
-
-def _call(token: int, args, kwargs):
+def _call(token: int, args, kwargs, _originals=None, _audit=sys.audit):
     """The body of every swapped function. A forbidden one raises (unless called from
     inside an allowed function); an allowed one runs its real code with the guard
-    lifted for everything it calls."""
-    original = _ORIGINAL.get(token)
+    lifted for everything it calls. Lifting the guard is an audit event that the hook
+    accepts only from this function and only for a token ``forbid`` registered as
+    allowed, so neither a flipped table nor a direct call of this function lifts it."""
+    original = _originals.get(token)
     message = _ACTIVE.get(token)
     if message is not None and not _exempt():
         raise ForbiddenCall(message)
     if original is None:  # pragma: no cover - guard already closed
         raise ForbiddenCall("this function may not be called in this exercise")
     if message is None:  # allowed: lift the guard inside
-        _EXEMPT.depth = getattr(_EXEMPT, "depth", 0) + 1
+        _audit("course_utils.guards.exempt", token, 1)
         try:
             return original(*args, **kwargs)
         finally:
-            _EXEMPT.depth -= 1
+            _audit("course_utils.guards.exempt", token, -1)
     return original(*args, **kwargs)
 
 
@@ -279,15 +284,21 @@ class _FunctionGuard(TorchFunctionMode):
 
 
 class _DispatchGuard(TorchDispatchMode):
-    def __init__(self, prefixes: list, exercise, asks, shape_tails, max_numel):
+    def __init__(self, prefixes: list, exercise, asks, shape_tails, max_numel, engine=None):
         super().__init__()
         self.prefixes, self.exercise, self.asks = prefixes, exercise, asks
-        self.shape_tails, self.max_numel = shape_tails, max_numel
+        self.shape_tails, self.max_numel, self.engine = shape_tails, max_numel, engine
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         base = _aten_base(func)
         if _exempt():
             return func(*args, **(kwargs or {}))
+        if self.engine and _graph_task_id() != -1:
+            # an operator run by the autograd engine: a backward pass, however it was
+            # started (tensor.backward, torch.autograd.grad, the engine's run_backward,
+            # torch.func, an autograd.Function)
+            raise ForbiddenCall(_message(self.exercise, "the autograd engine (a backward pass "
+                                         f"ran aten.{base})", self.engine, self.asks))
         for prefixes, what in self.prefixes:
             if _aten_forbidden(base, prefixes):
                 raise ForbiddenCall(_message(self.exercise, f"the operator aten.{base}", what,
@@ -331,8 +342,11 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     allow = set(allow)
     api: dict[str, str] = {}
     prefixes = []
+    engine = None
     swaps: list[tuple[Any, str, Any]] = []
     for _, g in resolved:
+        if g.engine:
+            engine = g.what
         for n in g.torch_api:
             api[n] = g.what
         if g.aten:
@@ -356,7 +370,9 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
             if what is not None:
                 _ACTIVE[token] = _message(exercise, label, what, asks)
             if isinstance(obj, types.FunctionType):
-                _ORIGINAL[token] = _copy_function(obj)
+                # the hook keeps the real code, and accepts this event from forbid only
+                sys.audit("course_utils.guards.register", token, _copy_function(obj),
+                          what is None)
                 applied.append(("code", obj, obj.__code__))
                 obj.__code__ = _stub_code(obj, token)
             elif _is_triton_kernel(obj) and what is not None:
@@ -370,12 +386,17 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
         modes = []
         if api:
             modes.append(_FunctionGuard(api, exercise, asks))
-        if prefixes or shape_tails or max_numel:
-            modes.append(_DispatchGuard(prefixes, exercise, asks, list(shape_tails), max_numel))
+        if prefixes or shape_tails or max_numel or engine:
+            modes.append(_DispatchGuard(prefixes, exercise, asks, list(shape_tails), max_numel,
+                                        engine))
         with contextlib.ExitStack() as stack:
             for m in modes:
                 stack.enter_context(m)
-            yield
+            sys.audit("course_utils.guards.answer", 1)
+            try:
+                yield
+            finally:
+                sys.audit("course_utils.guards.answer", -1)
     finally:
         for kind, obj, old in reversed(applied):
             if kind == "code":
@@ -387,7 +408,7 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
                 obj.run = old
         for t in tokens:
             _ACTIVE.pop(t, None)
-            _ORIGINAL.pop(t, None)
+        sys.audit("course_utils.guards.release", tuple(tokens))
 
 
 _forbid = forbid  # run_answer's keyword ``forbid`` shadows the function
@@ -771,3 +792,235 @@ def check_source(exercise: str, names: Iterable[str], *, asks: str | None = None
                             "Write it yourself; the course's own code earns no mark here.")
     if not quiet:
         print(f"ok: Exercise {exercise} uses none of the library's answers")
+
+
+# ---------------------------------------------------------------------------------------
+# The audit hook: what answer code may not do while it runs (or, in a notebook, at all)
+# ---------------------------------------------------------------------------------------
+
+class GuardEscape(ForbiddenCall):
+    """The answer reached around the guards (the checker's frames, a thread, a process,
+    the real code of a guarded function)."""
+
+
+_FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"))
+_FRAME_EVENTS = frozenset(("sys._getframe", "sys._current_frames", "sys._getframemodulename",
+                           "sys.settrace", "sys.setprofile", "gc.get_referrers",
+                           "gc.get_objects", "gc.get_referents"))
+_PROCESS_EVENTS = frozenset(("os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn",
+                             "os.posix_spawn", "subprocess.Popen", "pty.spawn", "os.startfile"))
+_THREAD_EVENTS = frozenset(("_thread.start_new_thread", "_thread.start_joinable_thread"))
+_CELL_RE = re.compile(r"(ipykernel_\d+[/\\][^/\\]*\.py$|^<ipython-input-|^<string>$|^<stdin>$)")
+
+
+def _install_hook():
+    """Install (once per process) the audit hook that refuses, when the caller is not
+    library code (the first frame outside the standard library lies outside
+    site-packages and ``course_utils``):
+
+    * the caller's frames: ``sys._getframe`` (so ``inspect.currentframe``/``stack``),
+      ``sys._current_frames``, a traceback's, generator's or coroutine's frame,
+      ``gc.get_referrers``/``get_objects``/``get_referents``, ``sys.settrace``/
+      ``setprofile``, ctypes; reading the code, defaults or globals of a course function
+      and making a function from a course function's code, or a code object or compiled
+      source that claims to be a library file;
+    * starting a thread or a process (Triton's compilers are let through).
+
+    In a notebook kernel (and for code whose file is a notebook cell) these are refused
+    at any time; elsewhere only while an answer runs under :func:`forbid`. The hook's
+    state (whether an answer runs, which guarded functions are allowed, the real code
+    of each swapped function, the depth of allowed calls) lives in its closure, which
+    no Python code can reach, and changes only on events raised by :func:`forbid` and
+    :func:`_call` themselves (checked by their code objects)."""
+    import os
+    import sysconfig
+    from types import MappingProxyType
+
+    def _dirs(*paths):
+        out = []
+        for p in paths:
+            if p:
+                p = os.path.realpath(p)
+                out.append(p.rstrip(os.sep) + os.sep)
+        return tuple(dict.fromkeys(out))
+
+    paths = sysconfig.get_paths()
+    stdlib = _dirs(paths.get("stdlib"), paths.get("platstdlib"))
+    course_dir = os.path.dirname(os.path.realpath(__file__))
+    libs = _dirs(paths.get("purelib"), paths.get("platlib"), course_dir,
+                 *[p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages",
+                                                                     "dist-packages"))])
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("triton")
+        triton_dirs = _dirs(*(spec.submodule_search_locations or ())) if spec else ()
+    except Exception:  # pragma: no cover
+        triton_dirs = ()
+    forbid_code = forbid.__wrapped__.__code__
+    call_code = _call.__code__
+    active = [0]
+    allowed: set = set()
+    originals: dict = {}
+    depth: dict = {}
+    busy = threading.local()
+    cache: dict = {}
+    getframe = sys._getframe
+    ident = threading.get_ident
+
+    def _kind(filename: str) -> str:
+        k = cache.get(filename)
+        if k is None:
+            if filename.startswith("<frozen "):
+                k = "std"
+            else:
+                real = os.path.realpath(filename) if os.path.isabs(filename) else filename
+                if real.startswith(libs):
+                    k = "lib"
+                elif real.startswith(stdlib):
+                    k = "std"
+                else:
+                    k = "user"
+            if len(cache) < 100_000:
+                cache[filename] = k
+        return k
+
+    def _caller(f):
+        """The filename of the first frame outside the standard library, and whether
+        it is library code."""
+        while f is not None:
+            fn = f.f_code.co_filename
+            k = _kind(fn)
+            if k != "std":
+                return fn, k == "lib"
+            f = f.f_back
+        return "", True
+
+    def _strict(fn):
+        return active[0] > 0 or "ipykernel" in sys.modules or bool(_CELL_RE.search(fn))
+
+    def _course_function(obj):
+        mod = getattr(obj, "__module__", None) if isinstance(obj, types.FunctionType) else None
+        return isinstance(mod, str) and mod.startswith("course_utils.") and \
+            not mod.startswith("course_utils.grading")
+
+    def _refuse(what):
+        raise GuardEscape(f"your answer {what}. Checks run your code under guards that it may "
+                          "not reach around; compute the answer from the inputs you are given.")
+
+    def hook(event, args):
+        if getattr(busy, "on", False):
+            return
+        if event.startswith("course_utils.guards."):
+            busy.on = True
+            try:
+                f = getframe(1)
+                name = event[len("course_utils.guards."):]
+                if name == "exempt":
+                    token, step = args
+                    if f.f_code is not call_code or token not in allowed:
+                        raise GuardEscape("the guard was lifted for a function this exercise "
+                                          "forbids: the guard's tables were changed")
+                    key = ident()
+                    depth[key] = depth.get(key, 0) + step
+                    if depth[key] <= 0:
+                        depth.pop(key, None)
+                    return
+                if f.f_code is not forbid_code:
+                    c = f.f_code
+                    if c.co_filename == forbid_code.co_filename and c.co_name == "forbid":
+                        return  # the guard module imported again: its own hook answers
+                    raise GuardEscape(f"the guard's event {event} was raised outside the guard")
+                if name == "answer":
+                    active[0] += args[0]
+                elif name == "register":
+                    token, fn, ok = args
+                    originals[token] = fn
+                    if ok:
+                        allowed.add(token)
+                elif name == "release":
+                    for t in args[0]:
+                        originals.pop(t, None)
+                        allowed.discard(t)
+            finally:
+                busy.on = False
+            return
+        if event == "object.__getattr__":
+            obj, attr = args
+            if attr in _FRAME_ATTRS:
+                what = f"reads {attr} (the frames of the code that called it)"
+            elif attr in ("__code__", "__defaults__", "__kwdefaults__", "__globals__") and \
+                    _course_function(obj):
+                what = (f"reads {attr} of the course's function {obj.__module__}."
+                        f"{obj.__qualname__} (its real code is guarded)")
+            else:
+                return
+        elif event in _FRAME_EVENTS:
+            what = f"inspects the checker's frames or objects ({event})"
+        elif event == "function.__new__":
+            code = args[0]
+            if _kind(code.co_filename) != "lib":
+                return
+            what = f"makes a function from the code of {code.co_name} (a library's code)"
+        elif event in ("code.__new__", "marshal.loads"):
+            what = f"makes a code object ({event})"
+        elif event == "compile":
+            fn = args[1] if len(args) > 1 else None
+            if not isinstance(fn, str) or _kind(fn) == "user":
+                return
+            what = f"compiles source under a library's file name ({fn})"
+        elif event.startswith("ctypes."):
+            what = f"uses ctypes ({event})"
+        elif event in _THREAD_EVENTS:
+            what = "starts a thread (the guards watch the thread the check runs in)"
+        elif event in _PROCESS_EVENTS:
+            what = f"starts a process ({event})"
+        elif event == "import" and args and args[0] in ("_thread", "threading"):
+            what = f"imports {args[0]} afresh"
+        else:
+            return
+        busy.on = True
+        try:
+            f = getframe(1)
+            if event in ("marshal.loads", "compile"):
+                # the import system compiles and loads modules this way: the immediate
+                # caller decides
+                fn = f.f_code.co_filename if f is not None else ""
+                lib = _kind(fn) != "user"
+            else:
+                if event in _THREAD_EVENTS and f is not None and f.f_code is wrapper_code:
+                    f = f.f_back
+                fn, lib = _caller(f)
+        finally:
+            busy.on = False
+        if event in _PROCESS_EVENTS or event in _THREAD_EVENTS:
+            if active[0] > 0:
+                if event in _PROCESS_EVENTS and fn.startswith(triton_dirs):
+                    return   # Triton compiling a kernel (ptxas, the launcher's C compiler)
+                if event in _THREAD_EVENTS and lib:
+                    return
+            elif lib or not _strict(fn):
+                return
+        elif lib or not _strict(fn):
+            return
+        _refuse(what)
+
+    def start_new_thread(function, args, kwargs=None, _orig=threading._start_new_thread, /):
+        sys.audit("_thread.start_new_thread", function, args, kwargs)
+        return _orig(function, args) if kwargs is None else _orig(function, args, kwargs)
+
+    wrapper_code = start_new_thread.__code__
+    sys.addaudithook(hook)
+    view = MappingProxyType(depth)
+    _call.__defaults__ = (originals, sys.audit)
+    _exempt.__defaults__ = (view, ident)
+    # Python 3.11 raises no audit event when a thread starts: raise it here (3.12+ do)
+    import _thread
+    if sys.version_info < (3, 12) and getattr(threading, "_start_new_thread", None) is \
+            _thread.start_new_thread:
+        start_new_thread.__name__ = start_new_thread.__qualname__ = "start_new_thread"
+        _thread.start_new_thread = start_new_thread
+        threading._start_new_thread = start_new_thread
+    return view
+
+
+_EXEMPT_VIEW = _install_hook()

@@ -1,0 +1,250 @@
+"""Answers that reach around the guards instead of computing: reading the checker's
+expected values from its frames, forbidden calls made in a thread or a process, a
+backward pass run through the autograd engine directly, a copy of a guarded course
+function, lifting the guard from inside the answer. Each must be refused, and honest
+answers must still pass."""
+import gc
+import inspect
+import os
+import subprocess
+import sys
+import threading
+import types
+
+import pytest
+import torch
+
+from course_utils import guards
+from course_utils.guards import ForbiddenCall
+
+CELL = "/tmp/ipykernel_4242/1234567.py"   # the file name IPython gives a notebook cell
+
+
+def _cell(src: str) -> dict:
+    """Run ``src`` as if it were a notebook cell; return its namespace."""
+    ns = {"torch": torch, "__name__": "__main__"}
+    exec(compile(src, CELL, "exec"), ns)
+    return ns
+
+
+def _checker(answer, *args, forbid=("softmax",)):
+    """A check that holds the expected value in a local, as the problem sets do."""
+    want = torch.full((3,), 42.0)  # noqa: F841 - what a frame walk looks for
+    expected = ref = want          # noqa: F841
+    return guards.run_answer(answer, *args, forbid=forbid, exercise="9.9")
+
+
+def _steal(f):
+    while f is not None:
+        if "want" in f.f_locals:
+            return f.f_locals["want"]
+        f = f.f_back
+    return torch.zeros(3)
+
+
+def _via_traceback(x):
+    try:
+        raise ValueError
+    except ValueError as e:
+        return _steal(e.__traceback__.tb_frame)
+
+
+def _via_generator(x):
+    def gen():
+        yield
+    g = gen()
+    next(g, None)
+    return _steal(g.gi_frame)
+
+
+def _via_gc(x):
+    for o in gc.get_referrers(x):
+        if isinstance(o, dict) and "want" in o:
+            return o["want"]
+    return torch.zeros(3)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda x: _steal(sys._getframe(1)),
+    lambda x: _steal(inspect.currentframe()),
+    lambda x: _steal(inspect.stack()[1].frame),
+    _via_traceback,
+    _via_generator,
+    _via_gc,
+    lambda x: [o for o in gc.get_objects() if isinstance(o, types.FrameType)],
+], ids=["getframe", "currentframe", "stack", "traceback", "generator", "gc-referrers",
+        "gc-objects"])
+def test_frame_stealing_is_refused(answer):
+    with pytest.raises(ForbiddenCall, match="your answer (inspects the checker's frames|reads)"):
+        _checker(answer, torch.zeros(3))
+
+
+def _in_thread(x):
+    box = []
+    t = threading.Thread(target=lambda: box.append(torch.softmax(x, 0)))
+    t.start()
+    t.join()
+    return box[0] if box else None
+
+
+def _in_raw_thread(x):
+    import _thread
+    import time
+    box = []
+    _thread.start_new_thread(lambda: box.append(torch.softmax(x, 0)), ())
+    for _ in range(200):
+        if box:
+            break
+        time.sleep(0.01)
+    return box[0] if box else None
+
+
+def _in_process(x):
+    out = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True)
+    return torch.full_like(x, float(out.stdout))
+
+
+@pytest.mark.parametrize("answer", [_in_thread, _in_raw_thread, _in_process,
+                                    lambda x: os.system("true")],
+                         ids=["thread", "_thread", "subprocess", "os.system"])
+def test_threads_and_processes_are_refused(answer):
+    with pytest.raises(ForbiddenCall, match="starts a (thread|process)"):
+        guards.run_answer(answer, torch.randn(5), forbid=("softmax",))
+
+
+def _run_backward(p):
+    p = p.detach().requires_grad_(True)
+    with torch.enable_grad():
+        o = (p * p).sum()
+    return torch.autograd.Variable._execution_engine.run_backward(
+        (o,), (torch.ones(()),), False, False, (p,), False, False)[0]
+
+
+def _engine_base(p):
+    p = p.detach().requires_grad_(True)
+    with torch.enable_grad():
+        o = (p * p).sum()
+    return type(torch.autograd.Variable._execution_engine).run_backward(
+        torch.autograd.Variable._execution_engine,
+                                             (o,), (torch.ones(()),), False, False, (p,),
+                                             False, False)[0]
+
+
+def _forward_ad(p):
+    import torch.autograd.forward_ad as fwad
+    with fwad.dual_level():
+        d = fwad.make_dual(p, torch.ones_like(p))
+        return fwad.unpack_dual(d * d).tangent
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return a * a
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        return 2 * a * g
+
+
+def _function_grad(p):
+    p = p.detach().requires_grad_(True)
+    with torch.enable_grad():
+        y = _Square.apply(p).sum()
+    return type(torch.autograd.Variable._execution_engine).run_backward(
+        torch.autograd.Variable._execution_engine,
+                                             (y,), (torch.ones(()),), False, False, (p,),
+                                             False, False)[0]
+
+
+@pytest.mark.parametrize("answer", [_run_backward, _engine_base, _forward_ad, _function_grad],
+                         ids=["run_backward", "EngineBase", "forward-ad", "Function"])
+def test_autograd_engine_is_refused(answer):
+    with pytest.raises(ForbiddenCall, match="autograd"):
+        guards.run_answer(answer, torch.randn(5), forbid=("autograd",))
+
+
+def test_honest_answer_still_passes_with_autograd_forbidden():
+    out = guards.run_answer(lambda p: 2 * p, torch.ones(3), forbid=("autograd",))
+    assert torch.equal(out, torch.full((3,), 2.0))
+
+
+def test_copy_of_a_guarded_function_made_in_a_cell_is_refused():
+    with pytest.raises(ForbiddenCall, match="__code__"):
+        _cell("import types\nfrom course_utils import attention as _A\n"
+              "_f = _A.naive_attention\n"
+              "_b = types.FunctionType(_f.__code__, _f.__globals__, None, _f.__defaults__)\n")
+
+
+def test_copy_of_a_guarded_function_made_in_the_answer_is_refused():
+    from course_utils import attention
+    q = torch.randn(1, 1, 4, 4)
+
+    def answer(q):
+        f = attention.naive_attention
+        return types.FunctionType(f.__code__, f.__globals__)(q, q, q)
+
+    with pytest.raises(ForbiddenCall):
+        guards.run_answer(answer, q, forbid=("reference-attention",))
+
+
+def test_frames_are_refused_to_a_notebook_cell_at_any_time():
+    with pytest.raises(ForbiddenCall, match="frames"):
+        _cell("import sys\nsys._getframe(0)\n")
+    with pytest.raises(ForbiddenCall, match="settrace"):
+        _cell("import sys\nsys.settrace(None)\n")
+
+
+def test_lifting_the_guard_from_the_answer_is_refused():
+    from course_utils import attention
+    q = torch.randn(1, 1, 4, 4)
+    g = sys.modules["course_utils.guards"]
+    saved = dict(vars(g))
+
+    def lift_exempt(q):
+        if hasattr(g, "_EXEMPT"):
+            g._EXEMPT.depth = 1
+        g._EXEMPT_VIEW = {threading.get_ident(): 1}
+        return torch.softmax(q, -1)
+
+    def empty_table(q):
+        g._ACTIVE.clear()
+        return attention.naive_attention(q, q, q)
+
+    def call_the_body(q):
+        return g._call(max(g._ACTIVE), (q, q, q), {})
+
+    try:
+        for answer, group in ((lift_exempt, "softmax"), (empty_table, "reference-attention"),
+                              (call_the_body, "reference-attention")):
+            with pytest.raises(ForbiddenCall):
+                guards.run_answer(answer, q, forbid=(group,))
+            if hasattr(g, "_EXEMPT"):
+                g._EXEMPT.__dict__.clear()
+            vars(g).update(saved)
+    finally:
+        vars(g).update(saved)
+
+
+def test_reading_the_guard_internals_is_refused_in_an_answer():
+    def answer(x):
+        return guards._call.__defaults__
+
+    with pytest.raises(ForbiddenCall, match="__defaults__"):
+        guards.run_answer(answer, torch.zeros(1), forbid=("softmax",))
+
+
+def test_library_code_may_still_inspect_frames_inside_an_answer():
+    import warnings
+
+    def answer(x):
+        with warnings.catch_warnings():   # warnings walks frames for stacklevel
+            warnings.simplefilter("ignore")
+            warnings.warn("x", stacklevel=2)
+        torch.testing.assert_close(x, x)  # torch library code
+        return x * 2
+
+    out = guards.run_answer(answer, torch.ones(2), forbid=("softmax", "autograd"))
+    assert torch.equal(out, torch.full((2,), 2.0))

@@ -826,8 +826,11 @@ def _install_hook():
       source that claims to be a library file;
     * starting a thread or a process (Triton's compilers are let through).
 
-    In a notebook kernel (and for code whose file is a notebook cell) these are refused
-    at any time; elsewhere only while an answer runs under :func:`forbid`. The hook's
+    In a graded run (``course-grade``'s kernels, which carry ``COURSE_GRADE_RUN`` in their
+    environment when this is installed) these are refused to notebook code at any time,
+    since a thread or a frame taken when a cell runs could serve an answer later; in a
+    learner's own notebook and elsewhere only while an answer runs under :func:`forbid`,
+    so a learner's experiments outside the checks keep every tool. The hook's
     state (whether an answer runs, which guarded functions are allowed, the real code
     of each swapped function, the depth of allowed calls) lives in its closure, which
     no Python code can reach, and changes only on events raised by :func:`forbid` and
@@ -895,8 +898,11 @@ def _install_hook():
             f = f.f_back
         return "", True
 
+    graded = bool(os.environ.get("COURSE_GRADE_RUN"))    # read once: answers cannot unset it
+
     def _strict(fn):
-        return active[0] > 0 or "ipykernel" in sys.modules or bool(_CELL_RE.search(fn))
+        return active[0] > 0 or (graded and ("ipykernel" in sys.modules
+                                             or bool(_CELL_RE.search(fn))))
 
     def _course_function(obj):
         mod = getattr(obj, "__module__", None) if isinstance(obj, types.FunctionType) else None

@@ -171,11 +171,22 @@ def test_honest_answer_still_passes_with_autograd_forbidden():
     assert torch.equal(out, torch.full((3,), 2.0))
 
 
+def _graded_cell(src: str) -> subprocess.CompletedProcess:
+    """Run ``src`` as a notebook cell in a fresh Python that imports the guards as a graded
+    run does (``COURSE_GRADE_RUN`` in its environment)."""
+    prog = ("import torch\nfrom course_utils import guards\n"
+            f"exec(compile({src!r}, {CELL!r}, 'exec'), {{'__name__': '__main__'}})\n")
+    env = {**os.environ, "COURSE_GRADE_RUN": "test"}
+    return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
 def test_copy_of_a_guarded_function_made_in_a_cell_is_refused():
-    with pytest.raises(ForbiddenCall, match="__code__"):
-        _cell("import types\nfrom course_utils import attention as _A\n"
-              "_f = _A.naive_attention\n"
-              "_b = types.FunctionType(_f.__code__, _f.__globals__, None, _f.__defaults__)\n")
+    run = _graded_cell("import types\nfrom course_utils import attention as _A\n"
+                       "_f = _A.naive_attention\n"
+                       "_b = types.FunctionType(_f.__code__, _f.__globals__, None, _f.__defaults__)\n")
+    assert run.returncode != 0 and "GuardEscape" in run.stderr and "__code__" in run.stderr, \
+        run.stderr[-2000:]
 
 
 def test_copy_of_a_guarded_function_made_in_the_answer_is_refused():
@@ -190,11 +201,21 @@ def test_copy_of_a_guarded_function_made_in_the_answer_is_refused():
         guards.run_answer(answer, q, forbid=("reference-attention",))
 
 
-def test_frames_are_refused_to_a_notebook_cell_at_any_time():
-    with pytest.raises(ForbiddenCall, match="frames"):
-        _cell("import sys\nsys._getframe(0)\n")
-    with pytest.raises(ForbiddenCall, match="settrace"):
-        _cell("import sys\nsys.settrace(None)\n")
+def test_frames_are_refused_to_a_notebook_cell_at_any_time_in_a_graded_run():
+    for src, what in (("import sys\nsys._getframe(0)\n", "frames"),
+                      ("import sys\nsys.settrace(None)\n", "settrace"),
+                      ("import threading\nthreading.Thread(target=print).start()\n", "thread")):
+        run = _graded_cell(src)
+        assert run.returncode != 0 and "GuardEscape" in run.stderr and what in run.stderr, \
+            (src, run.stderr[-2000:])
+
+
+def test_a_learners_own_cells_keep_their_tools_outside_the_checks():
+    # outside a graded run and outside an answer, a cell may inspect frames and start
+    # threads (a learner's experiments); the same inside an answer is refused (above)
+    ns = _cell("import sys, threading\nf = sys._getframe(0)\nbox = []\n"
+               "t = threading.Thread(target=lambda: box.append(1)); t.start(); t.join()\n")
+    assert ns["box"] == [1]
 
 
 def test_lifting_the_guard_from_the_answer_is_refused():

@@ -20,9 +20,11 @@ the same verdict as the learner's own notebook.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import math
 import sys
+import tracemalloc
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -199,12 +201,46 @@ _VIEWS = {"unbind", "select", "slice", "alias", "view", "as_strided", "detach", 
           "unfold"}
 
 
+def _held_by_answer() -> int:
+    """Bytes of live Python allocations traced by ``tracemalloc`` that were made outside
+    torch and the course (torch's own caches while it dispatches are not the answer's)."""
+    import os
+    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, guards)) + \
+        (tracemalloc.__file__,)
+    snap = tracemalloc.take_snapshot()
+    return sum(t.size for t in snap.traces if not t.traceback[0].filename.startswith(skip))
+
+
 class _SinglePass(TorchDispatchMode):
-    def __init__(self, x, name):
+    def __init__(self, x, name, max_state_bytes=None):
         super().__init__()
         self.ptr = x.untyped_storage().data_ptr()
         self.base, self.item, self.n = x.storage_offset(), x.element_size(), x.numel()
         self.high, self.name = -1, name
+        # Python memory held at the first read; what the answer holds beyond it grows with
+        # the number of elements read only if it keeps them (a copy to go over again)
+        self.max_state_bytes, self.held0 = max_state_bytes, None
+        # measured a quarter of the way in (the first reads fill torch's and Python's
+        # caches) and at the last element
+        self.warm = self.n // 4
+        self.marks = sorted({self.warm, self.n - 1})
+
+    def _check_memory(self, at):
+        if self.max_state_bytes is None or not tracemalloc.is_tracing() or \
+                not self.marks or at < self.marks[0]:
+            return
+        while self.marks and at >= self.marks[0]:
+            self.marks.pop(0)
+        gc.collect()            # garbage awaiting the collector is not state
+        now = _held_by_answer()
+        if self.held0 is None:
+            self.held0 = now
+        elif now - self.held0 > self.max_state_bytes:
+            raise CheckFailed(
+                f"{self.name}: by element {at} of {self.n} your function held "
+                f"{(now - self.held0) // 1024} KiB more than at element {self.warm}: it "
+                "keeps the elements it has read (a list of copies, to go over them again). "
+                "A one-pass algorithm keeps only a few running numbers, whatever the length.")
 
     def _span(self, t):
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
@@ -239,26 +275,40 @@ class _SinglePass(TorchDispatchMode):
                         f"element {self.high}: that is a second pass over the input. Keep a "
                         "running max and a running sum, and update both as each element arrives.")
                 self.high = max(self.high, hi)
+                self._check_memory(lo)
         return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
-def single_pass(x: torch.Tensor, name: str = "answer"):
+def single_pass(x: torch.Tensor, name: str = "answer", max_state_bytes: int | None = None):
     """While active, reading ``x`` a second time, or more than one element of it in one
-    operation, or copying it out whole, fails inside the answer."""
-    reads = _SinglePass(x, name)
-    with _NoCopyOut(x, name), reads:
-        yield
+    operation, or copying it out whole, fails inside the answer. With ``max_state_bytes``,
+    so does holding (in Python objects, traced by ``tracemalloc``) more than that many bytes
+    beyond what was held at the read of element ``len(x) // 4``: the answer kept the
+    elements it read. Give ``x`` enough elements that a copy of the last three quarters
+    exceeds it."""
+    reads = _SinglePass(x, name, max_state_bytes)
+    tracing = max_state_bytes is not None and not tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.start()
+    try:
+        with _NoCopyOut(x, name), reads:
+            yield
+    finally:
+        if tracing:
+            tracemalloc.stop()
 
 
 def run_one_pass(fn, x: torch.Tensor, *, forbid=(), exercise_id=None, asks=None,
-                 name="answer"):
-    """Call ``fn(x)`` on a copy of the 1-D tensor ``x`` under :func:`single_pass` and the
-    ``forbid`` groups; fail if it changed its input. Returns ``fn``'s result."""
+                 name="answer", max_state_bytes: int | None = None):
+    """Call ``fn(x)`` on a copy of the 1-D tensor ``x`` under :func:`single_pass` (with
+    ``max_state_bytes``) and the ``forbid`` groups; fail if it changed its input. Returns
+    ``fn``'s result."""
     if not callable(fn):
         raise CheckFailed(f"{name}: expected a function, got {type(fn).__name__}")
     xc = x.detach().clone()
-    with single_pass(xc, name), guards.forbid(*forbid, exercise=exercise_id, asks=asks):
+    with single_pass(xc, name, max_state_bytes), \
+            guards.forbid(*forbid, exercise=exercise_id, asks=asks):
         out = fn(xc)
     if not guards._same(xc, x):
         raise CheckFailed(f"{name}: your function changed its input in place")

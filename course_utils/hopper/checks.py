@@ -7,7 +7,7 @@ import torch
 from course_utils.checks import CheckFailed, check_close, check_equal
 from course_utils.hopper import schedule_sim as sim
 
-__all__ = ["check_schedule_runs", "best_feasible_schedule", "check_best_schedule",
+__all__ = ["check_schedule_runs", "check_releases_placed", "best_feasible_schedule", "check_best_schedule",
            "check_fp8_quantizer"]
 
 
@@ -33,6 +33,68 @@ def check_schedule_runs(schedule, reference, name="schedule", rtol=0.01):
                           f"{ref.time_us:.3f} us\n  hint: release each slot as soon as its "
                           "reader is done (K after Q K^T, V after P V), not at the very end")
     print(f"{name}: ok ({got.time_us:.2f} us, {got.tflops:.0f} TFLOPS predicted)")
+
+
+def _is_release(ins) -> bool:
+    return isinstance(ins, sim.Arrive) and "_empty[" in ins.barrier
+
+
+def _release_of(buffer: str) -> str:
+    """``"K[1]"`` -> ``"k_empty[1]"``: the barrier a reader of that slot arrives on."""
+    kind, _, rest = buffer.partition("[")
+    return f"{kind.lower()}_empty[{rest}"
+
+
+def _show(ins) -> str:
+    if isinstance(ins, sim.Op):
+        return f"Op {ins.label!r}" + (f" (reads {', '.join(ins.reads)})" if ins.reads else "")
+    if isinstance(ins, (sim.Arrive, sim.Wait)):
+        return f"{type(ins).__name__}({ins.barrier!r})"
+    return type(ins).__name__
+
+
+def check_releases_placed(schedule, given, name="schedule"):
+    """Every consumer program of ``schedule`` must be its program in ``given`` with, right
+    after each ``Op`` that reads slots (``reads=("K[1]",)``), one ``Arrive`` on each of
+    those slots' empty barriers (``k_empty[1]``), and no other release anywhere."""
+    if not isinstance(schedule, sim.Schedule):
+        raise CheckFailed(f"{name}: expected a Schedule, got {type(schedule).__name__}")
+    if len(schedule.warpgroups) != len(given.warpgroups):
+        raise CheckFailed(f"{name}: has {len(schedule.warpgroups)} warpgroups, the schedule given "
+                          f"{len(given.warpgroups)}\n  hint: only add Arrives to the consumers")
+    for wg, old in zip(schedule.warpgroups, given.warpgroups):
+        if wg.role != "consumer":
+            if list(wg.program) != list(old.program):
+                raise CheckFailed(f"{name}: the program of {old.name} ({old.role}) changed\n"
+                                  "  hint: only the consumers' programs get releases")
+            continue
+        prog = list(wg.program)
+        if [i for i in prog if not _is_release(i)] != [i for i in old.program if not _is_release(i)]:
+            raise CheckFailed(f"{name}: {wg.name}'s program is not the one given plus releases\n"
+                              "  hint: keep every instruction; only insert Arrives on the "
+                              "empty barriers")
+        i = 0
+        while i < len(prog):
+            ins = prog[i]
+            if _is_release(ins):
+                before = _show(prog[i - 1]) if i else "the start of the program"
+                raise CheckFailed(
+                    f"{name}: in {wg.name}, {_show(ins)} (instruction {i}) comes right after "
+                    f"{before}, not after the op that reads the slot.\n  hint: release each slot "
+                    "right after the Op whose reads name it (K[s] -> k_empty[s], V[s] -> "
+                    "v_empty[s]): earlier is a hazard, later holds the slot back from the producer")
+            i += 1
+            if isinstance(ins, sim.Op) and ins.reads:
+                want = sorted(_release_of(b) for b in ins.reads)
+                got = prog[i:i + len(want)]
+                if sorted(g.barrier for g in got if _is_release(g)) != want:
+                    nxt = _show(prog[i]) if i < len(prog) else "the end of the program"
+                    raise CheckFailed(
+                        f"{name}: in {wg.name}, {_show(ins)} is followed by {nxt}, not by "
+                        f"{' and '.join(f'Arrive({w!r})' for w in want)}.\n  hint: the release "
+                        "goes right after the op that reads the slot, before anything else")
+                i += len(want)
+    print(f"{name}: every release right after its reader")
 
 
 def best_feasible_schedule(D: int, Bc: int, n_blocks: int = 8) -> str:

@@ -98,6 +98,9 @@ def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
     return dq_i + gq, dk_j + gk, dv_j + gv''',
     },
     "5.6": {
+        "the right counts as floats, not integers": '''# Exercise 5.6
+def backward_reads(Nq, Nk, d, Br, Bc):
+    return float(Nk * d), float(2 * Nk * d), float(Nq * d)''',
         "fixed numbers from the lesson's sizes": '''# Exercise 5.6
 def backward_reads(Nq, Nk, d, Br, Bc):
     return 4096 * 128, 2 * 4096 * 128, 4096 * 128''',

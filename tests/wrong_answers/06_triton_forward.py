@@ -34,6 +34,14 @@ def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
     x = tl.load(X + offs, mask=mask, other=0.0)
     y = tl.load(Y + offs, mask=mask, other=0.0)
     tl.store(OUT + offs, alpha * x + y, mask=mask)''' + _WRAPPER,
+        "loads unmasked (reading past n), only the store masked": '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs)
+    y = tl.load(Y + offs)
+    tl.store(OUT + offs, alpha * x + y, mask=mask)''' + _WRAPPER,
         "empty kernel, alpha * x + y in PyTorch": '''# Exercise 6.1
 @triton.jit
 def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
@@ -283,4 +291,12 @@ WRONG["6.6"] = {
         ")\n        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :])"),
     "causal band ends at the first row's diagonal": _variant(
         "(tl.program_id(0) + 1) * BLOCK_M + shift)", "tl.program_id(0) * BLOCK_M + shift + 1)"),
+    "causal loop never skips: every program loops to NK under the mask": _variant(
+        "    if CAUSAL:\n        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)\n", ""),
+    "qk_scale argument ignored, 1/sqrt(D) * log2(e) recomputed in the kernel": _variant(
+        "s = tl.dot(q, tl.trans(k)) * qk_scale",
+        "s = tl.dot(q, tl.trans(k)) * (1.4426950408889634 / tl.sqrt(D * 1.0))"),
+    "q loaded without the row mask (reads past the last query row)": _variant(
+        "q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)",
+        "q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :])"),
 }

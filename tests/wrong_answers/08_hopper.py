@@ -60,6 +60,43 @@ def add_releases(schedule):
                     program.append(sim.Arrive(f"{buf[0].lower()}_empty[{buf[2:-1]}]"))
         wg.program = program
     return schedule''',
+        "K released after P V (both slots released after the V op)": '''# Exercise 8.1
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program, pending = [], []
+        for ins in wg.program:
+            program.append(ins)
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    kind, slot = buf[0].lower(), buf[2:-1]
+                    pending.append(sim.Arrive(f"{kind}_empty[{slot}]"))
+                if any(b.startswith("V") for b in ins.reads):
+                    program.extend(pending)
+                    pending = []
+        program.extend(pending)
+        wg.program = program
+    return fixed''',
+        "every release one instruction late (after the next op)": '''# Exercise 8.1
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program, pending = [], []
+        for ins in wg.program:
+            program.append(ins)
+            if isinstance(ins, (sim.Op, sim.Wait)) and pending:
+                program.extend(pending); pending = []
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    kind, slot = buf[0].lower(), buf[2:-1]
+                    pending.append(sim.Arrive(f"{kind}_empty[{slot}]"))
+        program.extend(pending)
+        wg.program = program
+    return fixed''',
         "rebuilds the intended schedule with build_schedule": '''# Exercise 8.1
 def add_releases(schedule):
     blocks = sum(1 for i in schedule.warpgroups[1].program

@@ -48,6 +48,16 @@ def bottom_right_mask(nq, nk):
     return torch.zeros(nq, nk).masked_fill(~keep, float("-inf"))''',
     },
     "9.4": {
+        "everything in float16 (no float32 inside)": '''# Exercise 9.4
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    group = hq // k_cache.shape[1]
+    k = k_cache.repeat_interleave(group, dim=1)
+    v = v_cache.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))
+    p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    return (p @ v / p.sum(dim=-1, keepdim=True))''',
         "wrong GQA head: h % Hkv (repeat instead of repeat_interleave)": '''# Exercise 9.4
 import math, torch
 def decode_attention_gqa(q, k_cache, v_cache):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The answer guards, the problem-set checks and course-grade's sandbox on a GPU machine, in
-# one call: the guard tests, problem sets 6 and 9 under nbval (Triton compiling inside
+# one call: the guard tests, a CUDA probe under each isolation level, problem sets 6 and 9 under nbval (Triton compiling inside
 # guarded answers, the checks' GPU tolerances), and course-grade grading problem set 6's
 # official answers with the isolation a GPU machine gets (namespaces; as root, each run
 # under its own unprivileged id). Installs nbval & co from ./.wheelhouse as gpu_verify.sh.
@@ -18,6 +18,8 @@ export PYTHONPATH="$extra:$PWD"
 python3 -m pytest -q -p no:cacheprovider tests/test_guard_escapes.py tests/test_kernel_loads.py \
     >"$out/test_guards.txt" 2>&1
 tail -n 2 "$out/test_guards.txt"
+python3 benchmarks/gpu_sandbox_probe.py >"$out/sandbox_probe.txt" 2>&1
+cut -c1-400 "$out/sandbox_probe.txt" | tail -n 12
 python3 -m pytest -q -p no:cacheprovider --nbval-lax --nbval-cell-timeout 300 \
     solutions/06_triton_forward.ipynb solutions/09_decoding.ipynb >"$out/nbval.txt" 2>&1
 tail -n 3 "$out/nbval.txt"

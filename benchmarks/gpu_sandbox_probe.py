@@ -8,9 +8,11 @@ from pathlib import Path
 
 from course_utils.grading import sandbox
 
-PROBE = ("import torch\n"
+PROBE = ("import os, torch\n"
+         "print('uid', os.getuid())\n"
          "try:\n"
          "    torch.cuda.init(); print('cuda ok', torch.cuda.get_device_name())\n"
+         "    from course_utils import device; print('course_utils', device.DEVICE)\n"
          "except Exception as e:\n"
          "    print('cuda FAILED:', type(e).__name__, str(e)[:300])\n")
 
@@ -26,4 +28,4 @@ for name, iso in cases:
             job.mkdir()
             log = job / "log.txt"
             ok = box.run(job, ["-c", PROBE], job, log, wall=120)
-            print(f"{name:22s} memory_mb={mem:<5d} finished={ok}: {log.read_text().strip()[-400:]}")
+            print(f"{name:22s} memory_mb={mem:<5d} finished={ok}: {log.read_text().strip()[-700:]}")

@@ -850,9 +850,23 @@ def _install_hook():
     paths = sysconfig.get_paths()
     stdlib = _dirs(paths.get("stdlib"), paths.get("platstdlib"))
     course_dir = os.path.dirname(os.path.realpath(__file__))
-    libs = _dirs(paths.get("purelib"), paths.get("platlib"), course_dir,
-                 *[p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages",
-                                                                     "dist-packages"))])
+    # library code: the installation's packages, and every folder on the path when the
+    # guards are installed (packages installed with --target or PYTHONPATH, a conda or
+    # system dist-packages) except the working folder, the course checkout itself (its
+    # tests and notebooks are not library code) and the standard library's own folders
+    # (whose callers decide, see _caller)
+    cwd = os.path.realpath(os.getcwd())
+    checkout = _dirs(os.path.dirname(course_dir))
+    on_path = []
+    for p in sys.path:
+        if not p or not os.path.isdir(p):
+            continue
+        real = os.path.realpath(p)
+        if real.rstrip(os.sep).endswith(("site-packages", "dist-packages")):
+            on_path.append(real)
+        elif real != cwd and not (real + os.sep).startswith(stdlib + checkout):
+            on_path.append(real)
+    libs = _dirs(paths.get("purelib"), paths.get("platlib"), course_dir, *on_path)
     try:
         import importlib.util
         spec = importlib.util.find_spec("triton")

@@ -269,3 +269,26 @@ def test_library_code_may_still_inspect_frames_inside_an_answer():
 
     out = guards.run_answer(answer, torch.ones(2), forbid=("softmax", "autograd"))
     assert torch.equal(out, torch.full((2,), 2.0))
+
+
+def test_packages_on_the_path_outside_site_packages_are_library_code(tmp_path):
+    # pip --target folders, PYTHONPATH entries, a system dist-packages: their code may walk
+    # frames inside an answer (typing_extensions does on every Literal[...]), while the
+    # same walk written in the answer is still refused
+    lib = tmp_path / "extra"
+    lib.mkdir()
+    (lib / "framepeek.py").write_text("import sys\n\ndef peek(x):\n"
+                                      "    sys._getframe(1)\n    return x * 2\n")
+    prog = ("import sys, torch\nfrom course_utils import guards\nimport framepeek\n"
+            "out = guards.run_answer(framepeek.peek, torch.ones(2), forbid=('softmax',))\n"
+            "assert torch.equal(out, torch.full((2,), 2.0))\n"
+            "try:\n"
+            "    guards.run_answer(lambda x: sys._getframe(1) and x, torch.ones(2),\n"
+            "                      forbid=('softmax',))\n"
+            "except guards.GuardEscape:\n"
+            "    print('refused')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(lib)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=str(tmp_path))
+    assert run.returncode == 0 and run.stdout.strip() == "refused", run.stderr[-2000:]

@@ -340,3 +340,26 @@ def test_kernel_models_cover_the_benchmarked_kernels():
             unmodelled
         for p in sim.KERNEL_MODELS:
             assert p in providers, f"{p} is not in {path}"
+
+
+def test_check_best_schedule_takes_any_of_tied_schedules():
+    # ping-pong and fa3 tie exactly at (224, 96) and (256, 64): an answer that keeps the
+    # last of equal results (>=) is right, and so is the first
+    tied = [(224, 96), (256, 64)]
+    for D, Bc in tied:
+        assert set(checks.fastest_feasible_schedules(D, Bc)) == {"pingpong", "fa3"}
+
+    def keep_last(D, Bc):
+        best, best_t = None, -1.0
+        for name in sim.SCHEDULE_NAMES:
+            try:
+                t = sim.simulate(sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8)).tflops
+            except sim.RegisterBudgetError:
+                continue
+            if t >= best_t:
+                best, best_t = name, t
+        return best
+
+    checks.check_best_schedule(keep_last, cases=tied + [(64, 128), (256, 128)])
+    with pytest.raises(checks.CheckFailed, match="not among the fastest"):
+        checks.check_best_schedule(lambda D, Bc: "intra_pipeline", cases=tied)

@@ -134,3 +134,99 @@ def flash_backward(q, k, v, o, lse, do):
     out = torch.softmax(s, -1) @ v
     return torch.autograd.grad(out, (q, k, v), do)''',
 }
+
+# A template kernel redefined in the answer cell, with one load left unmasked: the lanes
+# past the last row read memory outside the tensor, and their values never reach a stored
+# element (the rows past N are not stored; zero lse/delta/do there cancel them), so only
+# the watched loads (kernel_loads.loads_within in the wrappers) show it.
+WRONG["7.1"]["the template kernel rewritten with the loads unmasked (reads past the last row)"] = '''# Exercise 7.1
+@triton.jit
+def row_delta(o, do):
+    return tl.sum(o * do, 1)
+
+
+@triton.jit
+def delta_kernel(O, DO, DELTA, N, D: tl.constexpr, BLOCK: tl.constexpr):
+    bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, D)
+    o = tl.load(O + bh * N * D + rows[:, None] * D + d[None, :])
+    do = tl.load(DO + bh * N * D + rows[:, None] * D + d[None, :])
+    tl.store(DELTA + bh * N + rows, row_delta(o, do), mask=rows < N)'''
+
+WRONG["7.2"]["scale argument ignored, 1/sqrt(D) recomputed from the tile"] = '''# Exercise 7.2
+@triton.jit
+def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
+    tau = 1.0 / tl.sqrt(qT.shape[0] * 1.0)
+    pT = tl.exp(tl.dot(k, qT) * tau - lse[None, :])
+    dv += tl.dot(pT, do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+    dk += tl.dot(dsT, tl.trans(qT))
+    return dk, dv'''
+
+WRONG["7.2"]["the template kernel rewritten with qT loaded without the query mask"] = '''# Exercise 7.2
+@triton.jit
+def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
+    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])
+    dv += tl.dot(pT, do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+    dk += tl.dot(dsT, tl.trans(qT))
+    return dk, dv
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, NQ, NK, scale, D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    kv_ok = cols[:, None] < NK
+    k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    for start in range(0, NQ, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        qT = tl.load(Q + bh * NQ * D + rows[None, :] * D + d[:, None])
+        qT = tl.where(rows[None, :] < NQ, qT, 0.0)
+        do = tl.load(DO + bh * NQ * D + rows[:, None] * D + d[None, :], mask=rows[:, None] < NQ, other=0.0)
+        lse = tl.load(LSE + bh * NQ + rows, mask=rows < NQ, other=0.0)
+        delta = tl.load(DELTA + bh * NQ + rows, mask=rows < NQ, other=0.0)
+        dk, dv = dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale)
+    tl.store(DK + bh * NK * D + cols[:, None] * D + d[None, :], dk * scale, mask=kv_ok)
+    tl.store(DV + bh * NK * D + cols[:, None] * D + d[None, :], dv, mask=kv_ok)'''
+
+WRONG["7.3"]["scale argument ignored, 1/sqrt(D) recomputed from the tile"] = '''# Exercise 7.3
+@triton.jit
+def dq_update(q, do, kT, vT, lse, delta, dq, scale):
+    tau = 1.0 / tl.sqrt(kT.shape[0] * 1.0)
+    p = tl.exp(tl.dot(q, kT) * tau - lse[:, None])
+    ds = p * (tl.dot(do, vT) - delta[:, None])
+    return dq + tl.dot(ds, tl.trans(kT))'''
+
+WRONG["7.3"]["the template kernel rewritten with q and do loaded without the row mask"] = '''# Exercise 7.3
+@triton.jit
+def dq_update(q, do, kT, vT, lse, delta, dq, scale):
+    p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])
+    ds = p * (tl.dot(do, vT) - delta[:, None])
+    return dq + tl.dot(ds, tl.trans(kT))
+
+
+@triton.jit
+def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, NQ, NK, scale, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    ok = rows[:, None] < NQ
+    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :])
+    do = tl.load(DO + bh * NQ * D + rows[:, None] * D + d[None, :])
+    lse = tl.load(LSE + bh * NQ + rows, mask=rows < NQ, other=0.0)
+    delta = tl.load(DELTA + bh * NQ + rows, mask=rows < NQ, other=0.0)
+    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, NK, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kT = tl.load(K + bh * NK * D + cols[None, :] * D + d[:, None], mask=cols[None, :] < NK, other=0.0)
+        vT = tl.load(V + bh * NK * D + cols[None, :] * D + d[:, None], mask=cols[None, :] < NK, other=0.0)
+        dq = dq_update(q, do, kT, vT, lse, delta, dq, scale)
+    tl.store(DQ + bh * NQ * D + rows[:, None] * D + d[None, :], dq * scale, mask=ok)'''

@@ -451,6 +451,12 @@ HOSTILE_CASES = {
         "run_answer = g.run_answer")}),
         {"1.1": 2, "1.2": 0, "1.3": 1}, ["must not touch"]),
     "=1+2": (lambda nb: fill(nb, _all("good")), {"1.1": 2, "1.2": 1, "1.3": 1}, []),
+    # the check's helper replaced under a name built at run time (no name the source scan
+    # knows): the check would never call the answer, and the answer's code could publish
+    # the call records the checking run replays
+    "rebinds_template_helper": (lambda nb: fill(nb, {**_all("good"), "1.2": BAD["1.2"] + (
+        "\nglobals()['run_' + 'answer'] = lambda fn, x, **k: x * 2")}),
+        {"1.1": 2, "1.2": 0, "1.3": 1}, ["replaced by the answer cell"]),
     "nested_json": (lambda nb: b"[" * 200_000 + b"]" * 200_000, {"1.1": 0, "1.2": 0, "1.3": 0},
                     ["nested too deeply"]),
     "symlink": ("symlink", {"1.1": 0, "1.2": 0, "1.3": 0}, ["symbolic link"]),

@@ -1493,3 +1493,61 @@ def test_checking_run_ignores_the_machines_other_pytest_plugins(tmp_path):
                    capture_output=True, timeout=300)
     cells = json.loads((tmp_path / "job" / "run.json").read_text())["cells"]
     assert [c["status"] for c in cells] == ["ok", "ok"], cells
+
+
+def test_student_records_count_only_from_the_cells_that_make_them():
+    # call records come from the template's cells (the recorder, around the template's
+    # calls), exports from the exercise's own export cell; the same records published by
+    # answer code from an answer cell, or an export under another exercise's cell, are
+    # dropped; a tamper flag counts from anywhere
+    nonce = "n0"
+
+    def rec(kind, key, payload):
+        return {"nonce": nonce, "kind": kind, "key": key, "blob": codec.dumps(payload)}
+
+    call = {"name": "double", "index": 0, "args": [], "kwargs": {},
+            "outcome": {"returned": 4}}
+    roles = [("setup", None), ("hook", "1.2"), ("answer", "1.2"), ("export", "1.2"),
+             ("hook", "1.2"), ("check", "1.2"), ("answer", "1.3"), ("export", "1.3")]
+    cells = [{"records": []} for _ in roles]
+    cells[2]["records"] = [rec("call", "double/0", {**call, "outcome": {"returned": 99}}),
+                           rec("export", "1.3/safe_div", {"name": "safe_div", "kind": "data",
+                                                          "value": 1})]
+    cells[3]["records"] = [rec("export", "1.2/double", {"name": "double", "kind": "function"})]
+    cells[5]["records"] = [rec("call", "double/0", call)]
+    cells[6]["records"] = [rec("call", "double/1", {**call, "index": 1}),
+                           rec("export", "1.2/__tampered__", {"name": "__tampered__",
+                                                              "kind": "tampered", "what": ["x"]})]
+    exports, calls, _ = grader._exports({"cells": cells}, roles, nonce)
+    assert [c["outcome"]["returned"] for c in calls["double"]] == [4]
+    assert set(exports) == {"1.2/double", "1.2/__tampered__"}
+
+
+def test_what_a_run_leaves_in_its_folder_is_read_without_following_links(tmp_path):
+    # a run can write its own folder: a runner.log (or run.json, junit.xml) made a link to
+    # a file only the grader may read must not bring that file into the feedback
+    secret = tmp_path / "secret.txt"
+    secret.write_text("ROOT ONLY")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "runner.log").symlink_to(secret)
+    (job / "run.json").symlink_to(secret)
+    os.mkfifo(job / "fifo")
+    assert grader._regular_bytes(job / "runner.log", 1500, tail=True) is None
+    assert grader._read_run(job / "run.json") is None
+    assert grader._regular_bytes(job / "fifo", 1500) is None
+    (job / "real.log").write_bytes(b"x" * 5000 + b"END")
+    assert grader._regular_bytes(job / "real.log", 3, tail=True) == b"END"
+    assert grader._regular_bytes(job / "real.log", 3) is None
+
+
+def test_decoder_refuses_a_record_that_nests_one_list_in_the_next_twice():
+    # stored once per level, copied out 2**levels times: refused before it is built
+    tree = [1]
+    for _ in range(30):
+        tree = [tree, tree]
+    with pytest.raises(codec.TooLarge, match="values"):
+        codec.decode(tree)
+    budget = codec.Budget()
+    small = [[1, 2]] * 10
+    assert codec.decode(small, budget) == small and budget.nodes_left < codec.MAX_STUDENT_NODES

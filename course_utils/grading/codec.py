@@ -35,6 +35,11 @@ MAX_BLOB_BYTES = 32 * 1024 * 1024
 # storage, which the grader would otherwise materialise when it passes the value on
 MAX_RECORD_TENSOR_BYTES = 2 * MAX_BLOB_BYTES      # per record
 MAX_STUDENT_TENSOR_BYTES = 512 * 1024 * 1024      # per run (see :class:`Budget`)
+# values (list items, dict entries, tensors, ...) one record, and all the records of
+# one run, may decode to: a record can nest one list in the next twice over, which the
+# saved form stores once and a decoder would copy out exponentially often
+MAX_RECORD_NODES = 1_000_000
+MAX_STUDENT_NODES = 4_000_000
 _MAX_DEPTH = 32
 _DTYPES = {str(d).replace("torch.", ""): d for d in (
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
@@ -119,8 +124,9 @@ class TooLarge(CodecError):
 class Budget:
     """Bytes of tensor data the records of one run may still decode to."""
 
-    def __init__(self, limit: int = MAX_STUDENT_TENSOR_BYTES):
+    def __init__(self, limit: int = MAX_STUDENT_TENSOR_BYTES, nodes: int = MAX_STUDENT_NODES):
         self.left = int(limit)
+        self.nodes_left = int(nodes)
 
 
 # --------------------------------------------------------------------------- kernel side
@@ -227,16 +233,23 @@ def loads(text: str, max_bytes: int = MAX_BLOB_BYTES):
         raise CodecError(f"unreadable record blob ({type(e).__name__}: {e})"[:300]) from None
 
 
-def decode(tree, budget: Budget | None = None):
+def decode(tree, budget: Budget | None = None, whole_run: bool = False):
     """The value an encoded tree stands for; raises :class:`CodecError` on
     anything outside the vocabulary. ``{"__unserializable__": ...}`` decodes to
     an :class:`Unserializable` marker, which no check accepts. Tensors are checked
     before anything is copied: one whose elements overlap in memory (an expanded,
     stride-0 view), or a record whose tensors add up to more than
     ``MAX_RECORD_TENSOR_BYTES`` (or to more than what ``budget`` has left, which is then
-    charged), raises :class:`TooLarge`."""
+    charged), raises :class:`TooLarge`, and so does a record that decodes to more than
+    ``MAX_RECORD_NODES`` values (``MAX_STUDENT_NODES`` for a run). ``whole_run``: the
+    grader's own bundle of a run's records (each already within those bounds)."""
     try:
-        room = [MAX_RECORD_TENSOR_BYTES]
+        if whole_run:   # everything the grader read from one run (each record within bounds)
+            room = [MAX_STUDENT_TENSOR_BYTES + MAX_RECORD_TENSOR_BYTES,
+                    MAX_STUDENT_NODES + MAX_RECORD_NODES]
+            return _decode(tree, 0, room)
+        nodes = MAX_RECORD_NODES if budget is None else min(MAX_RECORD_NODES, budget.nodes_left)
+        room = [MAX_RECORD_TENSOR_BYTES, nodes]
         out = _decode(tree, 0, room)
         used = MAX_RECORD_TENSOR_BYTES - room[0]
         if budget is not None:
@@ -245,6 +258,7 @@ def decode(tree, budget: Budget | None = None):
                                f"{MAX_STUDENT_TENSOR_BYTES // 2**20} MiB of tensor data, "
                                "the most the grader reads from one run")
             budget.left -= used
+            budget.nodes_left -= nodes - room[1]
         return out
     except CodecError:
         raise
@@ -274,6 +288,11 @@ def _charge(val, room):
 def _decode(tree, depth, room):
     if depth > _MAX_DEPTH + 2:
         raise CodecError("nesting too deep")
+    room[1] -= 1
+    if room[1] < 0:
+        raise TooLarge(f"a record decodes to more than {MAX_RECORD_NODES} values (or the "
+                       f"records of this run to more than {MAX_STUDENT_NODES}), more than "
+                       "the grader reads")
     d = depth + 1
     if tree is None or type(tree) in (bool, int, float, complex, str, bytes):
         return tree

@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -150,37 +151,61 @@ def _run(cls: _Class, make, *, inputs=None, nbval=False, keep_as=None):
             (["--nbval", "--junit-xml", job / "junit.xml"] if nbval else [])
         cls.sandbox.run(job, argv, job if nbval else job / "work", job / "runner.log",
                         cls.timeout + 120)
+        # the run could write its folder: what is read back from it is read without
+        # following a link, and only from a regular file (a link named runner.log would
+        # otherwise put any file the grader may read into the feedback)
         run = _read_run(job / "run.json")
-        tail = ""
-        with contextlib.suppress(OSError):
-            tail = (job / "runner.log").read_bytes()[-1500:].decode("utf-8", "replace")
+        tail = (_regular_bytes(job / "runner.log", 1500, tail=True) or b"").decode(
+            "utf-8", "replace")
         if keep_as and run is not None:
             graded = cls.out_dir / "graded"
             graded.mkdir(exist_ok=True)
-            shutil.copyfile(nb_path, graded / nb_path.name)
+            nbformat.write(nb, graded / nb_path.name)           # what was run, from memory
             if inputs is not None:
-                shutil.copyfile(job / f"{name}.inputs.pt", graded / f"{name}.inputs.pt")
-            if cls.junit and (job / "junit.xml").is_file():
+                torch.save(codec.encode(inputs), graded / f"{name}.inputs.pt")
+            junit = _regular_bytes(job / "junit.xml", 64 * 2**20) if cls.junit else None
+            if junit is not None:
                 (cls.out_dir / "junit").mkdir(exist_ok=True)
-                shutil.copyfile(job / "junit.xml", cls.out_dir / "junit" / f"{name}.xml")
+                write_atomic(cls.out_dir / "junit" / f"{name}.xml", junit.decode("utf-8", "replace"))
         return run, roles, tail
     finally:
         shutil.rmtree(job, ignore_errors=True)
 
 
-def _read_run(path: Path) -> dict | None:
+def _regular_bytes(path: Path, limit: int, tail: bool = False) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file, opened without following a link:
+    ``None`` for a link, a folder, a FIFO, a device or a file larger than ``limit``
+    (with ``tail``, its last ``limit`` bytes instead)."""
     try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > 512 * 2**20:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        if st.st_size > limit:
+            if not tail:
+                return None
+            f.seek(st.st_size - limit)
+        return f.read(limit)
+
+
+def _read_run(path: Path) -> dict | None:
+    raw = _regular_bytes(path, 512 * 2**20)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("cells"), list) else None
 
 
-def _records(run, roles, nonce, kinds, any_cell=False):
+def _records(run, roles, nonce, kinds, any_cell=False, where=None):
     """``{(kind, key): [blob, ...]}`` of the records with this run's nonce, from
-    check cells (or from any cell with ``any_cell``), and how many others were seen."""
+    check cells (or from any cell with ``any_cell``, and there only those that
+    ``where(kind, key, role, exercise)`` accepts), and how many others were seen."""
     out, stray = {}, 0
     for i, info in enumerate(run["cells"][: len(roles)]):
         role, ex = roles[i]
@@ -192,6 +217,9 @@ def _records(run, roles, nonce, kinds, any_cell=False):
             key = rec.get("key")
             if not isinstance(key, str) or not (any_cell or (role == "check"
                                                              and key.startswith(f"{ex}/"))):
+                stray += 1
+                continue
+            if where is not None and not where(rec["kind"], key, role, ex):
                 stray += 1
                 continue
             out.setdefault((rec["kind"], key), []).append(rec.get("blob"))
@@ -227,8 +255,25 @@ def _decoded(blobs):
     return out
 
 
+# where each kind of the student kernel's records may come from: a call record from the
+# template's own cells (only they call the answers; the recorder publishes it), an export
+# from the exercise's own export cell; answer code can publish records too (it runs in
+# that kernel), so a record from anywhere else is dropped. A tamper flag only costs the
+# one who raises it and counts from anywhere.
+_CALL_ROLES = ("code", "check")
+
+
+def _from_its_cell(kind, key, role, ex) -> bool:
+    if kind == "call":
+        return role in _CALL_ROLES
+    if kind == "export":
+        return key.endswith("/__tampered__") or (role == "export" and key.startswith(f"{ex}/"))
+    return True
+
+
 def _exports(run, roles, nonce):
-    recs, stray = _records(run, roles, nonce, {"export", "call", "rng"}, any_cell=True)
+    recs, stray = _records(run, roles, nonce, {"export", "call", "rng"}, any_cell=True,
+                           where=_from_its_cell)
     dec = _decoded(recs)
     exports = {k: v for (kind, k), v in dec.items() if kind == "export" and isinstance(v, dict)}
     calls = {}

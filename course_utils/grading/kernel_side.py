@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import sys
 import types
 
@@ -41,6 +42,8 @@ import torch
 from course_utils.grading import codec, guard_keeper
 
 MIME = "application/x-course-grade+json"  # the runner keeps the same constant
+# IPython's own names, rebound by every cell (output history, input history, shortcuts)
+_IPYTHON_NAME = re.compile(r"^(_+|_i+|_i?\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
 
 _state = {"mode": None, "nonce": "", "inputs": {}, "hits": {}, "record": True, "depth": 0,
           "calls": {}, "reported": None, "failed": {}, "before": None, "answer_bound": {},
@@ -73,7 +76,7 @@ def start(mode: str, nonce: str, inputs_path: str | None = None):
                 os.unlink(inputs_path)
             except OSError:
                 pass
-        _state["inputs"] = codec.decode(raw)
+        _state["inputs"] = codec.decode(raw, whole_run=True)
     sources = _state["inputs"].get("sources")
     if mode == "verify" and isinstance(sources, dict):
         try:  # checks that read an answer's source read the graded one
@@ -170,6 +173,7 @@ def answer_start(exercise: str | None = None, namespace=None):
     _state["record"] = False
     if namespace is not None:
         _state["before"] = {k: id(v) for k, v in namespace.items()}
+        _state["held"] = dict(namespace)
         if _state["mode"] == "student":   # the template's kernels as no answer has touched them
             for v in list(namespace.values()):
                 if _triton_names(v) is not None and not isinstance(v, _Recorder):
@@ -460,7 +464,24 @@ def export(exercise: str, names, namespace):
         _publish("export", f"{exercise}/__tampered__", {"name": "__tampered__",
                                                         "kind": "tampered", "what": tampered[:20]})
     before, _state["before"] = _state.get("before"), None
+    held, _state["held"] = _state.get("held"), None
     bound = _state["answer_bound"]
+    if before is not None and held is not None:
+        # the template's own names (its check helpers, its kernels, what its cells
+        # defined) are not the answer's to rebind or delete: the check cells call them
+        rebound = [k for k, obj in held.items()
+                   if k not in names and k not in bound and not _IPYTHON_NAME.match(k)
+                   and (k not in namespace or namespace[k] is not obj)]
+        for k in rebound:           # as in the checking kernel, which never runs the answer
+            namespace[k] = held[k]
+        # a template function, class, kernel or module replaced is a way around the checks
+        # (a check helper that never calls the answer); a value is only put back
+        code = [k for k in rebound if callable(held[k]) or isinstance(held[k], types.ModuleType)]
+        if code:
+            _publish("export", f"{exercise}/__tampered__", {
+                "name": "__tampered__", "kind": "tampered",
+                "what": [f"the template's {k} (replaced by the answer cell, put back)"
+                         for k in code[:20]]})
     if before is not None:   # what this answer cell bound (answer_start took the picture)
         for k, v in list(namespace.items()):
             if before.get(k) != id(v):

@@ -1071,6 +1071,13 @@ for dev in ("/dev/null", "/dev/urandom"):
     with open(dev, "wb") as f:
         f.write(b"x")
 print("uid", os.getuid())
+print("capeff", [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("CapEff")][0])
+import socket
+try:
+    socket.sethostname(socket.gethostname())     # the same name: nothing changes if allowed
+    print("sethostname", True)
+except OSError:
+    print("sethostname", False)
 sys.stdout.flush()
 n = 0
 for i in range(600):
@@ -1120,6 +1127,9 @@ def test_runs_cannot_change_the_host_or_outgrow_their_process_bound(level, tiny,
     if level == "ns-only":      # (access() does not ask Landlock, which denies the write)
         assert said["sysctl"] == said["sysrq"] == said["sys"] == "False", said
     assert said["devshm"] == ("True" if level == "ns-only" else "False")   # a private tmpfs
+    assert said["sethostname"] == "False", said
+    if os.getuid() == 0:        # as root: no capability left (the uid of its own, or none kept)
+        assert int(said["capeff"], 16) == 0, said
     if level == "ns-only":
         assert said["uts"] != os.readlink("/proc/self/ns/uts")
         assert said["ipc"] != os.readlink("/proc/self/ns/ipc")

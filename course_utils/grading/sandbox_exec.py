@@ -306,6 +306,21 @@ def drop_root(uid, gid):
     _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)     # its own /proc/self, as after an exec
 
 
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_CAP_LAST = 63                  # past the last capability any kernel has: EINVAL, ignored
+
+
+def drop_capabilities():
+    """For a run that stays uid 0 outside the namespaces (a root grader under Landlock or
+    limits alone): empty the capability bounding set, so that the command it becomes
+    starts with none (root's execve grants only what the bounding set keeps). It still
+    owns root's files; Landlock decides what it may open."""
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in range(_CAP_LAST + 1):
+        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap}) failed")
+
+
 def prepare(cfg):
     """Steps 1-3 and the change of folder: everything but becoming the command."""
     if cfg.get("namespaces"):
@@ -314,6 +329,8 @@ def prepare(cfg):
     set_limits(cfg.get("rlimits", {}))
     if cfg.get("namespaces") and cfg.get("drop"):
         drop_root(RUN_ID, RUN_ID)
+    elif not cfg.get("namespaces") and os.geteuid() == 0:
+        drop_capabilities()
     if cfg.get("landlock"):
         landlock(cfg["landlock_ro"], cfg["landlock_rw"])
     os.chdir(cfg["cwd"])

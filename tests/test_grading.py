@@ -899,6 +899,11 @@ def test_feedback_renders_student_text_inert():
                                                "## Notes"))]
     assert rendered.count("**Score") == 1 and "| 1.2 |" not in rendered
     assert "&lt;img src=x onerror=alert\\(1\\)&gt;" in text.split("\n")[0]
+    # characters that show as nothing or turn the text around: shown as ?
+    hidden = "a\u061cb\u2060c\u00add\u180ee\u115ff\u3164g\u202eh"
+    assert grader.md_block(hidden).split("\n")[1] == "a?b?c?d?e?f?g?h"
+    assert grader.md_inline(hidden) == "a?b?c?d?e?f?g?h"
+    assert grader.md_inline("Zoë Ünal 李") == "Zoë Ünal 李"
 
 
 def test_answer_errors_after_hidden_tests_are_named_without_their_message():

@@ -44,6 +44,7 @@ import stat
 import tempfile
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -538,13 +539,25 @@ def _zero_body(tpl, reason):
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e"
                       "\u2066-\u2069\ufeff]")
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>&])")
+# letters that show as nothing (Hangul fillers), on top of the format characters
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+
+
+def _visible(text: str) -> str:
+    """Control, format (direction marks, zero-width and invisible characters) and
+    blank characters shown as ``?``."""
+    text = _CONTROL.sub("?", text)
+    if text.isascii():
+        return text
+    return "".join("?" if unicodedata.category(c) in ("Cf", "Co", "Cs") or c in _BLANK_LETTERS
+                   else c for c in text)
 
 
 def md_inline(text) -> str:
     """Student-controlled text (a name) as one line of inert Markdown: control and
     direction-changing characters shown as ``?``, newlines as spaces, every Markdown
     and HTML character escaped (``<`` as ``&lt;``)."""
-    text = _CONTROL.sub("?", str(text).replace("\r", " ").replace("\n", " ").replace("\t", " "))
+    text = _visible(str(text).replace("\r", " ").replace("\n", " ").replace("\t", " "))
     return _MD_SPECIAL.sub(lambda m: {"<": "&lt;", ">": "&gt;", "&": "&amp;"}.get(
         m.group(1), "\\" + m.group(1)), text)
 
@@ -553,7 +566,7 @@ def md_block(text) -> str:
     """Text that may hold anything a student wrote (an error message, a printed value)
     as a fenced code block, whose fence is longer than any run of backticks in it: no
     heading, table, link or HTML in it is rendered."""
-    text = _CONTROL.sub("?", str(text).replace("\r\n", "\n").replace("\r", "\n"))
+    text = _visible(str(text).replace("\r\n", "\n").replace("\r", "\n"))
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}text\n{text}\n{fence}"

@@ -453,10 +453,16 @@ HOSTILE_CASES = {
     "=1+2": (lambda nb: fill(nb, _all("good")), {"1.1": 2, "1.2": 1, "1.3": 1}, []),
     # the check's helper replaced under a name built at run time (no name the source scan
     # knows): the check would never call the answer, and the answer's code could publish
-    # the call records the checking run replays
+    # the call records the checking run replays. The template's helper is put back after
+    # the cell, so the check calls the (wrong) answer
     "rebinds_template_helper": (lambda nb: fill(nb, {**_all("good"), "1.2": BAD["1.2"] + (
         "\nglobals()['run_' + 'answer'] = lambda fn, x, **k: x * 2")}),
-        {"1.1": 2, "1.2": 0, "1.3": 1}, ["replaced by the answer cell"]),
+        {"1.1": 2, "1.2": 0, "1.3": 1}, ["double"]),
+    # a learner's own helper that shares a name with one the template imports but never
+    # reads again, and a scratch value over a template one: nothing lost
+    "own_helpers_over_template_names": (lambda nb: fill(nb, {**_all("good"), "1.2": (
+        "# Exercise 1.2\nimport math\nmath = math\ncheck_close = None\n"
+        "def double(x):\n    return x + x\n")}), {"1.1": 2, "1.2": 1, "1.3": 1}, []),
     "nested_json": (lambda nb: b"[" * 200_000 + b"]" * 200_000, {"1.1": 0, "1.2": 0, "1.3": 0},
                     ["nested too deeply"]),
     "symlink": ("symlink", {"1.1": 0, "1.2": 0, "1.3": 0}, ["symbolic link"]),
@@ -580,8 +586,10 @@ TRITON_CHEAT = {
 TRITON_CASES = {
     "honest": (lambda nb: fill(nb, TRITON_GOOD), {"2.1": 1, "2.2": 1, "2.3": 1}, []),
     "untouched": (lambda nb: nb, {"2.1": 0, "2.2": 0, "2.3": 0}, ["NotImplementedError"]),
+    # 2.1's cell replaces the template's wrapper by a PyTorch one: the wrapper is put back
+    # after the cell, so the check launches the answer's kernel, which does not normalise
     "rebinds_template": (lambda nb: fill(nb, TRITON_CHEAT), {"2.1": 0, "2.2": 1, "2.3": 0},
-                         ["more often", "clamp_ in place"]),
+                         ["unit rows", "clamp_ in place"]),
 }
 
 

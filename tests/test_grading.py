@@ -1566,3 +1566,29 @@ def test_decoder_refuses_a_record_that_nests_one_list_in_the_next_twice():
     budget = codec.Budget()
     small = [[1, 2]] * 10
     assert codec.decode(small, budget) == small and budget.nodes_left < codec.MAX_STUDENT_NODES
+
+
+def test_records_no_hook_makes_cost_the_exercise_of_their_cell():
+    # answer code runs in the student's kernel and can reach its hooks: a record under a
+    # spoiled nonce, a call record published by an answer cell, a call recorded twice
+    nonce = "n1"
+
+    def rec(kind, key, n=nonce):
+        return {"nonce": n, "kind": kind, "key": key, "blob": codec.dumps({"name": "double"})}
+
+    roles = [("setup", None), ("answer", "1.1"), ("export", "1.1"), ("check", "1.1"),
+             ("answer", "1.2"), ("export", "1.2"), ("check", "1.2"), ("check", "1.3"),
+             ("code", None)]
+    cells = [{"records": []} for _ in roles]
+    cells[2]["records"] = [rec("export", "1.1/answer_1_1")]
+    cells[3]["records"] = [rec("call", "double/0")]
+    assert grader._forged({"cells": cells}, roles, nonce, ["1.1", "1.2", "1.3"]) == {}
+    cells[4]["records"] = [rec("call", "double/1")]                  # from an answer cell
+    cells[6]["records"] = [rec("call", "double/0", n="spoiled")]     # another nonce
+    cells[7]["records"] = [rec("call", "double/0")]                  # the same call again
+    cells[8]["records"] = [rec("export", "1.3/safe_div")]            # not its export cell
+    got = grader._forged({"cells": cells}, roles, nonce, ["1.1", "1.2", "1.3"])
+    assert set(got) == {"1.1", "1.2", "1.3"}
+    assert any("another nonce" in w for w in got["1.2"])
+    assert any("recorded twice" in w for w in got["1.3"])
+    assert all(any("does not make it" in w for w in got[e]) for e in ("1.1", "1.2"))

@@ -285,6 +285,37 @@ def _exports(run, roles, nonce):
     return exports, calls, rng
 
 
+def _forged(run, roles, nonce, exercises) -> dict:
+    """``{exercise: [what]}``: grading records in a student's run that its kernel's own
+    hooks never make (answer code runs in that kernel and can reach them): one under
+    another nonce (a hook's record spoiled), a call record from an answer or hook cell, an
+    export from another cell than its exercise's export cell, a call recorded twice. Each
+    costs the exercise of the cell it came from, or every exercise when that cell belongs
+    to none."""
+    out, seen = {}, set()
+    for i, info in enumerate(run["cells"][: len(roles)]):
+        role, ex = roles[i]
+        recs = info.get("records", []) if isinstance(info, dict) else []
+        for rec in recs if isinstance(recs, list) else []:
+            if not isinstance(rec, dict):
+                continue
+            kind, key = rec.get("kind"), rec.get("key")
+            what = None
+            if rec.get("nonce") != nonce:
+                what = "a grading record under another nonce"
+            elif kind in ("call", "export") and isinstance(key, str) and \
+                    not _from_its_cell(kind, key, role, ex):
+                what = f"a grading record ({kind} {key[:80]}) from a cell that does not make it"
+            elif kind == "call" and isinstance(key, str):
+                if key in seen:
+                    what = f"the call {key[:80]} recorded twice"
+                seen.add(key)
+            if what:
+                for e in ([ex] if ex else exercises):
+                    out.setdefault(e, []).append(what)
+    return out
+
+
 def _call_order(key):
     name, _, i = key.rpartition("/")
     return (name, int(i) if i.isdigit() else 0)
@@ -718,6 +749,11 @@ def grade_student(cls: _Class, student: str, path) -> dict:
             res["error"] = "your notebook's run produced no result: " + tail[-300:]
             return res
         exports, calls, _ = _exports(srun, sroles, snonce)
+        for ex, what in _forged(srun, sroles, snonce, [e.id for e in cls.tpl.exercises]).items():
+            mark = exports.setdefault(f"{ex}/__tampered__", {"name": "__tampered__",
+                                                             "kind": "tampered", "what": []})
+            if mark.get("kind") == "tampered" and isinstance(mark.get("what"), list):
+                mark["what"] = mark["what"] + sorted(set(what))[:5]
         sources = {e.id: (sub.answers[e.id] if e.id in sub.answers and e.id not in crashes
                           else e.stub) for e in cls.tpl.exercises}
         vrun, vroles, vnonce, vtail = _verify(cls, exports, calls, cls.ref.rng, sources,

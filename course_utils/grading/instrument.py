@@ -259,6 +259,15 @@ def strip_markers(src: str) -> str:
     return _NBVAL_RE.sub("#", src)
 
 
+def _names_used(src: str) -> set:
+    """The global names a template cell reads (what it would call or use)."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src))
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
 def build(template, exercises, mode: str, answers: dict | None = None, *, nonce: str,
           inputs_path: str | None = None):
     """The notebook to execute in ``mode`` ('reference', 'student' or 'verify').
@@ -271,6 +280,18 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
         by_index[e.answer_index] = ("answer", e)
         by_index[e.check_index] = ("check", e)
     cells, roles = [], []
+    # for each answer cell: the names the template's later cells read; an answer that
+    # rebinds one of them gets the template's object put back after its cell, so that the
+    # checks (and the checking kernel, which never runs the answer) use the template's
+    used_after, seen = {}, set()
+    for i in range(len(template.cells) - 1, -1, -1):
+        cell = template.cells[i]
+        if cell.cell_type != "code":
+            continue
+        if by_index.get(i, ("code", None))[0] == "answer":
+            used_after[i] = sorted(seen)
+        else:
+            seen |= _names_used(cell.source)
 
     def add(src, role, ex=None, cid=None):
         cells.append(nbformat.v4.new_code_cell(src, id=cid or f"g{len(cells)}"))
@@ -296,7 +317,8 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
                 src = e.stub if src is None else strip_markers(src)
             add(f"{KERNEL_NAME}.answer_start({ex!r}, globals())", "hook", ex)
             add(src, "answer", ex, cell.get("id"))
-            add(f"{KERNEL_NAME}.export({ex!r}, {names!r}, globals())", "export", ex)
+            add(f"{KERNEL_NAME}.export({ex!r}, {names!r}, globals(), "
+                f"protect={used_after.get(i, [])!r})", "export", ex)
             continue
         add(f"{KERNEL_NAME}.cell_start({i}, globals())", "hook", ex)
         src = cell.source

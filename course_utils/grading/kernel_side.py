@@ -451,13 +451,17 @@ def _launch(recorder, grid, *args, **kwargs):
     return recorder._record(grid, args, kwargs)
 
 
-def export(exercise: str, names, namespace):
+def export(exercise: str, names, namespace, protect=()):
     """After an answer cell (student kernel): ship its values, wrap its functions.
 
     Only what this exercise's own answer cell defines counts: a name of this
     exercise that the cell left as an earlier answer cell (another exercise's)
     had bound it is shipped as defined elsewhere, and removed, so that it earns
-    nothing here."""
+    nothing here. ``protect``: the names the template's later cells read; one the
+    cell rebound or deleted (not one of the exercise's own, nor an earlier answer's)
+    gets the template's object back, as the checking kernel has it, so that a check
+    calls the template's helpers and not a replacement that never calls the answer (an
+    answer function that reads such a name sees the template's object from then on)."""
     _state["record"] = True
     tampered = guard_keeper.check_and_restore()
     if tampered:
@@ -467,21 +471,10 @@ def export(exercise: str, names, namespace):
     held, _state["held"] = _state.get("held"), None
     bound = _state["answer_bound"]
     if before is not None and held is not None:
-        # the template's own names (its check helpers, its kernels, what its cells
-        # defined) are not the answer's to rebind or delete: the check cells call them
-        rebound = [k for k, obj in held.items()
-                   if k not in names and k not in bound and not _IPYTHON_NAME.match(k)
-                   and (k not in namespace or namespace[k] is not obj)]
-        for k in rebound:           # as in the checking kernel, which never runs the answer
-            namespace[k] = held[k]
-        # a template function, class, kernel or module replaced is a way around the checks
-        # (a check helper that never calls the answer); a value is only put back
-        code = [k for k in rebound if callable(held[k]) or isinstance(held[k], types.ModuleType)]
-        if code:
-            _publish("export", f"{exercise}/__tampered__", {
-                "name": "__tampered__", "kind": "tampered",
-                "what": [f"the template's {k} (replaced by the answer cell, put back)"
-                         for k in code[:20]]})
+        for k in protect:
+            if k in held and k not in names and k not in bound and \
+                    not _IPYTHON_NAME.match(k) and (k not in namespace or namespace[k] is not held[k]):
+                namespace[k] = held[k]
     if before is not None:   # what this answer cell bound (answer_start took the picture)
         for k, v in list(namespace.items()):
             if before.get(k) != id(v):

@@ -439,7 +439,11 @@ def test_student_notebook_takes_only_answer_sources(tiny):
     assert any("answer_1_1 = 1" in s for s in srcs)
     # a missing answer becomes the exercise stub
     assert any("raise NotImplementedError('Exercise 1.2" in s for s in srcs)
-    assert any("export('1.3', ['safe_div'], globals())" in s for s in srcs)
+    assert any("export('1.3', ['safe_div'], globals()" in s for s in srcs)
+    # what the template's later cells read is put back if an answer cell rebinds it:
+    # after 1.2's answer, its check's run_answer and check_close
+    exp12 = next(s for s in srcs if "export('1.2'" in s)
+    assert "protect=" in exp12 and "'run_answer'" in exp12 and "'check_close'" in exp12
     assert all(not c.get("outputs") and not c.metadata.get("tags") for c in nb.cells)
     assert roles[0] == ("setup", None) and ("check", "1.3") in roles
 

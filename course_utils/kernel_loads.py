@@ -78,12 +78,9 @@ def loads_within(*tensors: torch.Tensor, names=None, name: str = "your kernel",
                 bad = seen[~ok]
                 # name it after the tensor it sticks out of (the nearest start below it)
                 first = int(bad.min())
-                below = [(first - lo, label, lo, hi) for label, lo, hi in ranges if lo <= first]
-                if below:
-                    _, label, lo, hi = min(below)
-                    stray.append((label, int(bad.size)))
-                else:
-                    stray.append(("before every tensor", int(bad.size)))
+                below = [(first - lo, label) for label, lo, _ in ranges if lo <= first]
+                label = min(below)[1] if below else "before every tensor"
+                stray.append((label, int(bad.size)))
         return original(ptrs, mask, other, cache_policy, is_volatile)
 
     def create_masked_store(ptrs, value, mask, cache_policy):

@@ -9,12 +9,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
 mkdir -p "$out"
-extra=/tmp/course-extra
-python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" nbclient \
-    nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout hypothesis \
-    jupyter_client tqdm latex2mathml >"$out/install.log" 2>&1 || echo "install failed"
-export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter" MPLBACKEND=Agg
-export PYTHONPATH="$extra:$PWD"
+extra=${COURSE_EXTRA_SITE:-/tmp/course-extra}
+export MPLBACKEND=Agg
+# installed once: a second round on the same machine (or one started beside
+# gpu_verify.sh, which installs into the same folder) uses what is there
+if ! python3 -c "import nbval, ipywidgets, nbclient, hypothesis" 2>/dev/null; then
+    python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" nbclient \
+        nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout pytest-xdist \
+        hypothesis jupyter_client tqdm latex2mathml >"$out/install.log" 2>&1 || echo "install failed"
+    export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter"
+    export PYTHONPATH="$extra:$PWD"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m pytest -q -p no:cacheprovider tests/test_guard_escapes.py tests/test_kernel_loads.py \
     >"$out/test_guards.txt" 2>&1
 tail -n 2 "$out/test_guards.txt"

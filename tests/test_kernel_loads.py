@@ -1,4 +1,5 @@
-"""course_utils.kernel_loads: a load past the end is caught even when its value is never stored."""
+"""course_utils.kernel_loads: a load past the end is caught even when its value is never
+stored, in the interpreter and, through a second run in the interpreter, on a GPU."""
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from course_utils.kernel_loads import loads_within
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not device.INTERPRET, reason="watches the CPU interpreter's loads")
+from course_utils.triton_intro import launch  # noqa: E402
 
 
 @triton.jit
@@ -23,10 +24,11 @@ def _copy(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(OUT + offs, x, mask=mask)
 
 
-def _run(mask_load):
-    x, out = guards.Guarded(torch.randn(37)), guards.Guarded.empty((37,))
+def _run(mask_load, kernel=_copy):
+    x = guards.Guarded(torch.randn(37, device=device.DEVICE))
+    out = guards.Guarded.empty((37,), device=device.DEVICE)
     with loads_within(x.tensor, out.tensor, names=("X", "OUT")):
-        _copy[(3,)](x.tensor, out.tensor, 37, MASK_LOAD=mask_load, BLOCK=16)
+        launch(kernel, (3,), x.tensor, out.tensor, 37, MASK_LOAD=mask_load, BLOCK=16)
     return x, out
 
 
@@ -50,7 +52,202 @@ def test_under_the_graders_student_run_it_poisons_the_stores_instead(monkeypatch
 
 def test_the_interpreter_is_restored():
     from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+    call = JITFunction.__call__
     with pytest.raises(CheckFailed):
         _run(False)
     assert "create_masked_load" not in vars(interpreter.interpreter_builder)
     assert "create_masked_store" not in vars(interpreter.interpreter_builder)
+    assert JITFunction.__call__ is call
+
+
+# --- the compiled path on a machine without a GPU: a JITFunction whose launch the
+# interpreter stands in for, and a device function it calls, also a JITFunction
+def _twice_py(x):
+    return x * 2
+
+
+def _copy_twice_py(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if MASK_LOAD:
+        x = tl.load(X + offs, mask=mask)
+    else:
+        x = tl.load(X + offs)
+    tl.store(OUT + offs, _twice(x), mask=mask)
+
+
+def _as_compiled(fn):
+    """A JITFunction of ``fn`` that launches through the interpreter (what the GPU would
+    compute, with no GPU here)."""
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+    k = JITFunction(fn)
+    k.run = lambda *a, grid, warmup, **kw: interpreter.InterpretedFunction(fn).run(
+        *a, grid=grid, warmup=warmup, **kw)
+    return k
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    from course_utils import kernel_loads
+    if not device.INTERPRET:
+        return _copy
+    from triton.runtime.jit import JITFunction
+    from triton.runtime import interpreter
+    monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
+    # the device function: a compiled JITFunction, callable only inside a kernel
+    monkeypatch.setitem(globals(), "_twice", JITFunction(_twice_py))
+    kernel = _as_compiled(_copy_twice_py)
+    # the stand-in launch runs in the interpreter, where the device function must run too
+    real_call = JITFunction.__call__
+
+    def call(self, *a, **k):
+        if self.fn is _twice_py:
+            return interpreter.InterpretedFunction(self.fn)(*a, **k)
+        return real_call(self, *a, **k)
+    monkeypatch.setattr(JITFunction, "__call__", call)
+    return kernel
+
+
+def test_compiled_launch_is_run_again_in_the_interpreter_and_watched(compiled):
+    x, out = _run(True, compiled)
+    factor = 1 if compiled is _copy else 2
+    assert torch.equal(out.tensor, x.tensor * factor)
+    with pytest.raises(CheckFailed, match="past the end of X"):
+        _run(False, compiled)
+
+
+def test_compiled_launch_poisons_the_device_results_under_the_grader(compiled, monkeypatch):
+    from course_utils import kernel_loads
+    monkeypatch.setattr(kernel_loads, "_grading_student_run", lambda: True)
+    x, out = _run(False, compiled)
+    factor = 1 if compiled is _copy else 2
+    assert torch.equal(out.tensor[:32], x.tensor[:32] * factor)
+    assert bool(out.tensor[32:].isnan().all())
+    assert not any(out.stores_outside())
+
+
+def test_outside_a_block_a_compiled_launch_runs_once(compiled, monkeypatch):
+    from course_utils import kernel_loads
+    seen = []
+    monkeypatch.setattr(kernel_loads, "_interpret", lambda *a: seen.append(a))
+    x = torch.randn(37, device=device.DEVICE)
+    out = torch.empty_like(x)
+    launch(compiled, (3,), x, out, 37, MASK_LOAD=False, BLOCK=16)
+    assert seen == []
+
+
+@triton.jit
+def _column_sums(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    # a loop whose bound is a runtime value (Triton 3.6's interpreter needs NumPy < 2.5 for
+    # it, unless the watch's compatibility patch is in place)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        if MASK_LOAD:
+            x = tl.load(X + offs, mask=offs < n, other=0.0)
+        else:
+            x = tl.load(X + offs)
+        acc += x
+    tl.store(OUT + tl.arange(0, BLOCK), acc)
+
+
+@pytest.mark.parametrize("mask_load", [True, False])
+def test_a_loop_with_a_runtime_bound_is_watched(mask_load):
+    x = guards.Guarded(torch.randn(37, device=device.DEVICE))
+    out = guards.Guarded.empty((16,), device=device.DEVICE)
+    with pytest.raises(CheckFailed, match="past the end of X") if not mask_load else \
+            _nothing():
+        with loads_within(x.tensor, out.tensor, names=("X", "OUT")):
+            launch(_column_sums, (1,), x.tensor, out.tensor, 37, MASK_LOAD=mask_load, BLOCK=16)
+    if mask_load:
+        want = torch.nn.functional.pad(x.tensor, (0, 11)).view(3, 16).sum(0)
+        assert torch.allclose(out.tensor, want, atol=1e-5)
+
+
+def _nothing():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _row_total_py(x):
+    return tl.sum(x, 0)
+
+
+def _total_py(X, OUT, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(OUT, _row_total(x))
+
+
+def _language_state():
+    import sys
+    mods = [sys.modules[m] for m in ("triton.language", "triton.language.core",
+                                     "triton.language.math", "triton.language.standard")]
+    classes = [tl.core.tensor, tl.core.dtype]
+    return [(o, {k: id(v) for k, v in vars(o).items()}) for o in mods + classes]
+
+
+def _same_language(before, after):
+    """Every name as it was; a module may have gained names (the interpreter's helpers,
+    which its cached rewritten functions need), a class may not."""
+    for (o, was), (_, now) in zip(before, after):
+        if any(now.get(k) != v for k, v in was.items()):
+            return False
+        if isinstance(o, type) and set(now) != set(was):
+            return False
+    return True
+
+
+def test_a_compiled_launch_run_again_leaves_the_language_as_it_was(monkeypatch):
+    """A device function that reduces (tl.sum) makes the interpreter swap the language's
+    functions without putting them back; on a GPU the next compilation then failed."""
+    from course_utils import kernel_loads
+    from triton.runtime.jit import JITFunction
+    if not device.INTERPRET:
+        pytest.skip("the stand-in for a compiled launch needs the CPU interpreter")
+    monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
+    monkeypatch.setitem(globals(), "_row_total", JITFunction(_row_total_py))
+    kernel = _as_compiled(_total_py)
+    x = guards.Guarded(torch.randn(13))
+    out = guards.Guarded.empty((1,))
+    before = _language_state()
+    for _ in range(2):      # the second run reuses what the interpreter cached in the first
+        found = []
+        with loads_within(x.tensor, out.tensor, names=("X", "OUT")):
+            kernel_loads._interpret(kernel.fn, (1,), [x.tensor, out.tensor, 13], {"BLOCK": 16},
+                                    [("X", x.tensor.data_ptr(), x.tensor.data_ptr() + 52),
+                                     ("OUT", out.tensor.data_ptr(), out.tensor.data_ptr() + 4)],
+                                    found)
+        assert found == []
+        assert _same_language(before, _language_state())
+        assert torch.allclose(out.tensor, x.tensor.sum().reshape(1), atol=1e-5)
+
+
+@triton.jit
+def _tile_max(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASK_LOAD:
+        x = tl.load(X + offs, mask=offs < n, other=float("-inf"))
+    else:
+        x = tl.load(X + offs)
+    tl.store(OUT + tl.program_id(0), tl.max(x, 0))
+
+
+def test_watched_launches_with_a_reduction_run_again_and_again(monkeypatch):
+    """Reductions run as device functions in the interpreter: the second and later watched
+    launches (and, on a GPU, the compilations between them) must work as the first."""
+    from course_utils import kernel_loads
+    monkeypatch.setattr(kernel_loads, "unwatched", [])
+    for mask_load in (True, True, False, True):
+        x = guards.Guarded(torch.randn(37, device=device.DEVICE))
+        out = guards.Guarded.empty((3,), device=device.DEVICE)
+        ctx = _nothing() if mask_load else pytest.raises(CheckFailed, match="past the end of X")
+        with ctx:
+            with loads_within(x.tensor, out.tensor, names=("X", "OUT")):
+                launch(_tile_max, (3,), x.tensor, out.tensor, 37, MASK_LOAD=mask_load, BLOCK=16)
+        if mask_load:
+            want = torch.nn.functional.pad(x.tensor, (0, 11), value=float("-inf")).view(3, 16).amax(1)
+            assert torch.equal(out.tensor, want)
+    assert kernel_loads.unwatched == []

@@ -310,6 +310,26 @@ _LAUNCH_PATH = ("run", "__getitem__", "__call__", "_call_hook", "create_binder",
                 "_pack_args", "_init_args_hst", "_restore_args_dev")
 
 
+_ENTRY_POINTS = (("triton", "compile"), ("triton.compiler", "compile"),
+                 ("triton.compiler.compiler", "compile"),
+                 ("triton.runtime.interpreter", "GridExecutor"),
+                 ("triton.runtime.interpreter", "_patch_lang"))
+
+
+def _entry_module(name):
+    """The module ``name``, imported now if it is not yet: a compiled run imports Triton's
+    interpreter only when a check first watches a kernel's loads, and a fingerprint taken
+    before that must not read as a change made by an answer."""
+    m = sys.modules.get(name)
+    if m is None:
+        try:
+            import importlib
+            m = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - no such module in this Triton: nothing to hold
+            return None
+    return m
+
+
 def _launch_fingerprint(kernel):
     """What decides what a launch of a template kernel does, by identity: its class and
     the launch methods along the class's MRO, its Python function, that function's code,
@@ -322,11 +342,8 @@ def _launch_fingerprint(kernel):
     methods = tuple((c.__qualname__, a, id(vars(c).get(a))) for c in cls.__mro__
                     for a in _LAUNCH_PATH if a in vars(c))
     entry = []
-    for mod, attr in (("triton", "compile"), ("triton.compiler", "compile"),
-                      ("triton.compiler.compiler", "compile"),
-                      ("triton.runtime.interpreter", "GridExecutor"),
-                      ("triton.runtime.interpreter", "_patch_lang")):
-        m = sys.modules.get(mod)
+    for mod, attr in _ENTRY_POINTS:
+        m = _entry_module(mod)
         if m is not None:
             obj = vars(m).get(attr)
             entry.append((mod, attr, id(obj)))
@@ -404,11 +421,11 @@ class _Recorder:
 
     def __getitem__(self, grid):
         if not _state["record"] or _state["depth"] > 0:
-            return self._fn[grid]
+            return functools.partial(_watched, self._fn, grid)
         return functools.partial(_launch, self, grid)
 
     def _record(self, grid, args, kwargs):
-        target = self._fn if grid is None else self._fn[grid]
+        target = self._fn if grid is None else functools.partial(_watched, self._fn, grid)
         if not _state["record"] or _state["depth"] > 0:
             return target(*args, **kwargs)
         i = _state["calls"].get(self._name, 0)
@@ -449,6 +466,13 @@ class _Recorder:
 
 def _launch(recorder, grid, *args, **kwargs):
     return recorder._record(grid, args, kwargs)
+
+
+def _watched(kernel, grid, *args, **kwargs):
+    """``kernel[grid](...)``, watched by an open ``kernel_loads.loads_within`` block on a GPU
+    (run again in the interpreter, its results NaN after a load outside the tensors)."""
+    from course_utils.kernel_loads import watched_launch
+    return watched_launch(kernel, grid, args, kwargs)
 
 
 def export(exercise: str, names, namespace, protect=()):

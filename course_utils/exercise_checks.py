@@ -14,8 +14,9 @@ the same verdict as the learner's own notebook.
   more than one element of it in one operation (a one-pass loop over the elements).
 * :func:`check_attention_case` - one case of a tiled attention exercise: fresh inputs,
   a float64 reference computed first, the library's attention forbidden, no ``Nq x Nk``
-  tensor, key tiles after the diagonal poisoned and their FLOPs not allowed, NaN/inf
-  failing, then the comparison.
+  tensor nor the scores of a query tile against more keys than one key tile, key tiles
+  after the diagonal poisoned and their FLOPs not allowed, NaN/inf failing, then the
+  comparison.
 """
 from __future__ import annotations
 
@@ -348,12 +349,30 @@ def causal_flops(B, H, nq, nk, D, Br, Bc, is_causal) -> int:
 FORBID_ATTENTION = ("sdpa", "softmax", "reference-attention")
 
 
+def _row_block_tails(nq, nk, D, Br, Bc, is_causal):
+    """``(rows, keys)`` shapes of the scores of one query tile against every key it sees
+    at once (more keys than one tile of ``Bc``): an answer that tiles the queries only.
+    A one-row tile and a key count equal to ``D`` are left out (a vector of positions, an
+    ``(rows, D)`` accumulator would look the same)."""
+    tails = set()
+    for i0 in range(0, nq, Br):
+        rows = min(Br, nq - i0)
+        seen = min(nk, i0 + rows) if is_causal else nk
+        if rows > 1 and seen > Bc and seen != D:
+            tails.add((rows, seen))
+    return [(r, c, f"the scores of a tile of {r} queries against all {c} keys it sees at "
+                   f"once, more than one tile of {Bc} keys") for r, c in sorted(tails)]
+
+
 def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.float32,
-                         logit_scale=1.0, Br=16, Bc=16, name="your attention",
+                         logit_scale=1.0, score_offset=0.0, Br=16, Bc=16, name="your attention",
                          exercise_id=None, asks="write the tiled forward yourself",
                          forbid=FORBID_ATTENTION, generator=None, pass_tiles=True,
                          atol=None, rtol=None, quiet=False):
-    """One case of a tiled-attention exercise (see the module docstring)."""
+    """One case of a tiled-attention exercise (see the module docstring).
+    ``score_offset`` adds about that much to every score (the output is the same): far
+    below zero, an exponential measured from a fixed number instead of the running max
+    underflows to 0 / 0."""
     g = generator
     q = torch.randn(B, H, nq, D, generator=g) * logit_scale
     k = torch.randn(B, H, nk, D, generator=g)
@@ -363,6 +382,11 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         # draw: key 0 (visible to every query) gets a score of 120 with the last query
         qi = q[:, :, -1, :]
         k[:, :, 0, :] = qi * (120.0 * D ** 0.5 / (qi * qi).sum(-1, keepdim=True))
+    if score_offset:
+        # feature 0 of every query times feature 0 of every key is score_offset * sqrt(D)
+        c = math.sqrt(abs(score_offset) * math.sqrt(D))
+        q[..., 0] = c
+        k[..., 0] = math.copysign(c, score_offset)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     want = attention_reference(q, k, v, is_causal=is_causal)          # before the answer runs
     kk, vv = k.clone(), v.clone()
@@ -374,7 +398,8 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         vv[..., first_unused:, :] = float("nan")
     label = (f"{name} (B={B}, H={H}, Nq={nq}, Nk={nk}, D={D}, "
              f"{'causal' if is_causal else 'no mask'}, {str(dtype).replace('torch.', '')}"
-             f"{f', logits x{logit_scale:g}' if logit_scale != 1 else ''})")
+             f"{f', logits x{logit_scale:g}' if logit_scale != 1 else ''}"
+             f"{f', every score near {score_offset:g}' if score_offset else ''})")
     kwargs = {"is_causal": is_causal}
     if pass_tiles:
         kwargs.update(Br=Br, Bc=Bc)
@@ -384,8 +409,12 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
            "entirely after the query tile's last row instead of masking them.")
     ctx = flop_budget(budget, msg) if (is_causal and pass_tiles) else contextlib.nullcontext()
     with ctx:
+        # with one query (or one key) the whole score matrix has the shape of a vector of
+        # positions (torch.arange(nk)[None, :]): it is not banned then
+        tails = ([(nq, nk)] if min(nq, nk) > 1 else []) + \
+            (_row_block_tails(nq, nk, D, Br, Bc, is_causal) if pass_tiles else [])
         out = guards.run_answer(fn, q, kk, vv, forbid=forbid, exercise=exercise_id, asks=asks,
-                                name=name, shape_tails=[(nq, nk)], **kwargs)
+                                name=name, shape_tails=tails, **kwargs)
     if not isinstance(out, torch.Tensor):
         raise CheckFailed(f"{label}: expected a tensor, got {type(out).__name__}")
     check_shape(out, tuple(q.shape), name=label, quiet=True,
@@ -399,7 +428,8 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
                           "tile it must skip (one that starts after the query tile's last row).")
     guards.check_finite(out, name=label,
                         hint="inf or NaN with large logits: subtract the running max before exp, "
-                             "and rescale l and acc by exp(m_old - m_new) when it grows")
+                             "and rescale l and acc by exp(m_old - m_new) when it grows; with "
+                             "scores far below zero: the running max starts at -inf, not at 0")
     if atol is None:
         atol = 2e-4 if dtype == torch.float32 else (1e-9 if dtype == torch.float64 else 6e-3)
     if rtol is None:

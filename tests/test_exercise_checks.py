@@ -64,13 +64,13 @@ def test_one_pass_reads():
         run_one_pass(lambda t: torch.logsumexp(t, 0), x, forbid=["logsumexp"])
 
 
-def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True):
+def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0=-math.inf):
     nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
     o = torch.empty_like(q)
     for i0 in range(0, nq, Br):
         qi = q[:, :, i0:i0 + Br].float()
         rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], -math.inf)
+        m = torch.full(qi.shape[:-1], m0)
         l = torch.zeros_like(m)
         acc = torch.zeros_like(qi)
         for j0 in range(0, nk, Bc):
@@ -108,6 +108,38 @@ def test_attention_case_passes_a_tiled_forward_and_fails_the_shortcuts():
         check_attention_case(
             lambda q, k, v, is_causal, **_: torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=is_causal), **kw)
+
+
+def _query_tiles_only(q, k, v, is_causal=False, Br=4, Bc=4):
+    # tiles the queries, then takes each tile's softmax over every key it sees at once
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        last = min(nk, i0 + qi.shape[2]) if is_causal else nk
+        s = qi @ k[:, :, :last].float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if is_causal:
+            r = i0 + torch.arange(qi.shape[2])[:, None]
+            s = s.masked_fill(torch.arange(last)[None, :] > r, -math.inf)
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        o[:, :, i0:i0 + Br] = (p @ v[:, :, :last].float() / p.sum(-1, keepdim=True)).to(q.dtype)
+    return o
+
+
+def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at_zero():
+    kw = dict(B=1, H=2, nq=9, nk=21, D=3, Br=4, Bc=5)
+    for causal in (False, True):
+        with pytest.raises(CheckFailed, match="keys it sees at once"):
+            check_attention_case(_query_tiles_only, is_causal=causal, **kw)
+    # scores far below zero: the same output, but a max started at 0 underflows to 0 / 0
+    check_attention_case(_flash, score_offset=-300.0, quiet=True, **kw)
+    check_attention_case(lambda *a, **k: _flash(*a, **k, m0=0.0), quiet=True, **kw)
+    with pytest.raises(CheckFailed, match="not finite|nan"):
+        check_attention_case(lambda *a, **k: _flash(*a, **k, m0=0.0), score_offset=-300.0, **kw)
+    # one query: a (1, Nk) vector of key positions is not taken for the score matrix
+    check_attention_case(
+        lambda q, k, v, **a: (_flash(q, k, v, **a) + 0 * torch.arange(k.shape[2])[None, :].sum()),
+        B=1, H=1, nq=1, nk=13, D=3, Br=4, Bc=3, is_causal=True, quiet=True)
 
 
 def test_fa1_walk_reference_and_check():

@@ -242,6 +242,16 @@ import torch.nn.functional as F
 def decode_step(q_new, k_cache, v_cache):
     return F.scaled_dot_product_attention(q_new, k_cache, v_cache, enable_gqa=True)
 ''',
+        "the output left in float32 (no cast back to q_new's dtype)": '''# Exercise 4.6
+def decode_step(q_new, k_cache, v_cache):
+    hq, hkv = q_new.shape[1], k_cache.shape[1]
+    outs = []
+    for h in range(hq):
+        kv = h // (hq // hkv)
+        s = q_new[:, h].float() @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
+        outs.append(torch.softmax(s, dim=-1) @ v_cache[:, kv].float())
+    return torch.stack(outs, dim=1)
+''',
     },
     "4.7": {
         "FA2's order: query tiles outside": '''# Exercise 4.7

@@ -449,7 +449,8 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
 
 def fa1_walk_reference(q, k, v, Br, Bc):
     """FA1's walk (K/V tile outer, query tile inner) for 2-D ``q, k, v`` of shape (N, d):
-    the ``(j, i, m_i, l_i)`` of every step and the output. The checks' reference."""
+    the ``(j, i, m_i, l_i, o_i)`` of every step (``o_i`` normalised) and the output. The
+    checks' reference."""
     n, d = q.shape
     q64, k64, v64 = q.double(), k.double(), v.double()
     m = torch.full((n,), float("-inf"), dtype=torch.float64)
@@ -467,14 +468,15 @@ def fa1_walk_reference(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = (a[:, None] * l_old[:, None] * o_old + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 
 
 def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", generator=None,
                    quiet=False):
     """Run ``fn(q, k, v, Br, Bc) -> (o, steps)`` on fresh (n, d) inputs and compare every
-    step of the walk with FA1's (tile order, and m and l of the query tile after it)."""
+    step of the walk with FA1's (tile order, and m, l and the normalised O of the query
+    tile after it)."""
     if M is not None:
         Bc = M // (4 * d)
         Br = min(Bc, d)
@@ -490,6 +492,10 @@ def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", gen
     if not (isinstance(got, tuple) and len(got) == 2):
         raise CheckFailed(f"{label}: return (o, steps), got {type(got).__name__}")
     o, steps = got
+    for t, s in enumerate(steps):
+        if not (isinstance(s, (tuple, list)) and len(s) == 5):
+            raise CheckFailed(f"{label}: step {t} is {s!r:.80}; every step is (j, i, m_i, l_i, o_i): "
+                              "the tile indices and the HBM copies of m, l and O of query tile i")
     order = [tuple(int(x) for x in s[:2]) for s in steps]
     want_order = [s[:2] for s in want]
     if order != want_order:
@@ -501,16 +507,22 @@ def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", gen
             f"{want_order[first] if first < len(want_order) else 'no more steps'}\n"
             "  hint: FA1's outer loop is over key/value tiles j, its inner loop over query "
             "tiles i; count tiles with a ceiling division")
-    for t, ((j, i, m, l), (_, _, wm, wl)) in enumerate(zip(steps, want)):
+    for t, ((j, i, m, l, oi), (_, _, wm, wl, wo)) in enumerate(zip(steps, want)):
         what = f"{label}, step {t} (key tile {j}, query tile {i})"
         m = torch.as_tensor(m).double()
         l = torch.as_tensor(l).double()
+        oi = torch.as_tensor(oi).double()
         check_close(m, wm, atol=1e-5, rtol=1e-5, name=f"{what}: m", quiet=True,
                     hint="m is the running max over every key seen so far by these rows, "
                          "this tile's included")
         check_close(l, wl, atol=1e-5, rtol=1e-5, name=f"{what}: l", quiet=True,
                     hint="l is measured against the running max: rescale the old l by "
                          "exp(m_old - m_new) before adding this tile's sum")
+        guards.check_finite(oi, name=f"{what}: O")
+        check_close(oi, wo, atol=1e-5, rtol=1e-5, name=f"{what}: O", quiet=True,
+                    hint="O in HBM is normalised after every step (divided by the l of that "
+                         "step): undo the old normalisation (times l_old, rescaled) before "
+                         "adding P V, then divide by l_new")
     guards.check_finite(o, name=f"{label}: o")
     check_close(torch.as_tensor(o).double(), want_o, atol=1e-5, rtol=1e-5, name=f"{label}: o",
                 quiet=True, hint="O in HBM is normalised after every step: undo the old "

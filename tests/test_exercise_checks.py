@@ -152,3 +152,22 @@ def test_fa1_walk_reference_and_check():
         check_fa1_walk(lambda q, k, v, Br, Bc: fa1_walk_reference(q, k, v, Br, Bc), 5, 3, M=59)
     with pytest.raises(CheckFailed, match="step"):
         check_fa1_walk(lambda q, k, v, Br, Bc: (torch.zeros(5, 3), []), 5, 3, M=59)
+    # the same draws as the check's: steps without O's rows, and an O in HBM left
+    # unnormalised until the end (FA2's accumulator in FA1's order), fail
+    q, k, v = _draws(5)
+    o, steps = fa1_walk_reference(q, k, v, 3, 4)
+    check_fa1_walk(lambda *_: (o, steps), 5, 3, M=59, generator=_seeded(5), quiet=True)
+    with pytest.raises(CheckFailed, match=r"\(j, i, m_i, l_i, o_i\)"):
+        check_fa1_walk(lambda *_: (o, [s[:4] for s in steps]), 5, 3, M=59, generator=_seeded(5))
+    unnormalised = [(j, i, m, l, oi * l[:, None]) for j, i, m, l, oi in steps]
+    with pytest.raises(CheckFailed, match="O in HBM is normalised"):
+        check_fa1_walk(lambda *_: (o, unnormalised), 5, 3, M=59, generator=_seeded(5))
+
+
+def _seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _draws(seed, n=5, d=3):
+    g = _seeded(seed)
+    return tuple(torch.randn(n, d, generator=g) for _ in range(3))

@@ -272,7 +272,7 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 ''',
         "l not rescaled when the max grows": '''# Exercise 4.7
@@ -293,7 +293,7 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = l_old + p.sum(-1)
             o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 ''',
         "Br and Bc swapped (3 x 4 key tiles, 4-row query tiles)": '''# Exercise 4.7
@@ -315,7 +315,7 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 ''',
         "O not un-normalised before adding the new tile": '''# Exercise 4.7
@@ -336,8 +336,29 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = (a[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
+''',
+        "FA2's accumulator in FA1's order: O in HBM divided by l only at the end": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"))
+    l = torch.zeros(n)
+    o = torch.zeros(n, d)
+    steps = []
+    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
+        for i, r0 in enumerate(range(0, n, Br)):
+            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
+            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            a = torch.exp(m_old - m_new)
+            l_new = a * l_old + p.sum(-1)
+            o[r0:r0 + Br] = a[:, None] * o[r0:r0 + Br] + p @ vj
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
+    return o / l[:, None], steps
 ''',
     },
 }

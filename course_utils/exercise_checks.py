@@ -365,14 +365,16 @@ def _row_block_tails(nq, nk, D, Br, Bc, is_causal):
 
 
 def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.float32,
-                         logit_scale=1.0, score_offset=0.0, Br=16, Bc=16, name="your attention",
+                         logit_scale=1.0, score_offset=0.0, value_offset=0.0, Br=16, Bc=16,
+                         name="your attention",
                          exercise_id=None, asks="write the tiled forward yourself",
                          forbid=FORBID_ATTENTION, generator=None, pass_tiles=True,
                          atol=None, rtol=None, quiet=False):
     """One case of a tiled-attention exercise (see the module docstring).
     ``score_offset`` adds about that much to every score (the output is the same): far
     below zero, an exponential measured from a fixed number instead of the running max
-    underflows to 0 / 0."""
+    underflows to 0 / 0. ``value_offset`` adds that much to every value: in fp16 with a
+    flat softmax over many keys, an accumulator kept in the input's dtype overflows."""
     g = generator
     q = torch.randn(B, H, nq, D, generator=g) * logit_scale
     k = torch.randn(B, H, nk, D, generator=g)
@@ -387,6 +389,7 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         c = math.sqrt(abs(score_offset) * math.sqrt(D))
         q[..., 0] = c
         k[..., 0] = math.copysign(c, score_offset)
+    v = v + value_offset
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     want = attention_reference(q, k, v, is_causal=is_causal)          # before the answer runs
     kk, vv = k.clone(), v.clone()
@@ -399,7 +402,8 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
     label = (f"{name} (B={B}, H={H}, Nq={nq}, Nk={nk}, D={D}, "
              f"{'causal' if is_causal else 'no mask'}, {str(dtype).replace('torch.', '')}"
              f"{f', logits x{logit_scale:g}' if logit_scale != 1 else ''}"
-             f"{f', every score near {score_offset:g}' if score_offset else ''})")
+             f"{f', every score near {score_offset:g}' if score_offset else ''}"
+             f"{f', values near {value_offset:g}' if value_offset else ''})")
     kwargs = {"is_causal": is_causal}
     if pass_tiles:
         kwargs.update(Br=Br, Bc=Bc)
@@ -429,7 +433,8 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
     guards.check_finite(out, name=label,
                         hint="inf or NaN with large logits: subtract the running max before exp, "
                              "and rescale l and acc by exp(m_old - m_new) when it grows; with "
-                             "scores far below zero: the running max starts at -inf, not at 0")
+                             "scores far below zero: the running max starts at -inf, not at 0; "
+                             "keep l and acc in float32 whatever the inputs' dtype")
     if atol is None:
         atol = 2e-4 if dtype == torch.float32 else (1e-9 if dtype == torch.float64 else 6e-3)
     if rtol is None:

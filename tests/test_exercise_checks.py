@@ -64,7 +64,9 @@ def test_one_pass_reads():
         run_one_pass(lambda t: torch.logsumexp(t, 0), x, forbid=["logsumexp"])
 
 
-def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0=-math.inf):
+def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0=-math.inf,
+           acc_dtype=torch.float32):
+    # acc_dtype None: the accumulator kept in the inputs' dtype
     nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
     o = torch.empty_like(q)
     for i0 in range(0, nq, Br):
@@ -72,7 +74,7 @@ def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0
         rows = qi.shape[2]
         m = torch.full(qi.shape[:-1], m0)
         l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
+        acc = torch.zeros_like(qi, dtype=acc_dtype or q.dtype)
         for j0 in range(0, nk, Bc):
             if skip and is_causal and j0 > i0 + rows - 1:
                 break
@@ -86,7 +88,7 @@ def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0
             p = torch.exp(s - m_new[..., None])
             a = torch.exp(m - m_new) if running_max else torch.ones_like(m)
             l = a * l + p.sum(-1)
-            acc = a[..., None] * acc + p @ vj
+            acc = (a[..., None] * acc + p @ vj).to(acc.dtype)
             m = m_new
         o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
     return o
@@ -136,6 +138,12 @@ def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at
     check_attention_case(lambda *a, **k: _flash(*a, **k, m0=0.0), quiet=True, **kw)
     with pytest.raises(CheckFailed, match="not finite|nan"):
         check_attention_case(lambda *a, **k: _flash(*a, **k, m0=0.0), score_offset=-300.0, **kw)
+    # fp16 values near 2000 under a flat softmax: an fp16 accumulator overflows
+    half = dict(kw, nk=300, D=8, Bc=16, dtype=torch.float16, logit_scale=0.1, value_offset=2000.0)
+    check_attention_case(_flash, quiet=True, **half)
+
+    with pytest.raises(CheckFailed, match="not finite|inf"):
+        check_attention_case(lambda *a, **k: _flash(*a, **k, acc_dtype=None), **half)
     # one query: a (1, Nk) vector of key positions is not taken for the score matrix
     check_attention_case(
         lambda q, k, v, **a: (_flash(q, k, v, **a) + 0 * torch.arange(k.shape[2])[None, :].sum()),

@@ -161,6 +161,33 @@ def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
         "the running max starts at 0 (right unless every score of a row is far below 0)":
             _flash_src().replace('m = torch.full(qi.shape[:-1], float("-inf"))',
                                  "m = torch.zeros(qi.shape[:-1])"),
+        "acc kept in the output tensor (q's dtype: fp16 accumulation) between key tiles": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.zeros_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:-1], float("-inf"))
+        l = torch.zeros_like(m)
+        for j0 in range(0, nk, Bc):
+            if is_causal and j0 > i0 + rows - 1:
+                break
+            kj = k[:, :, j0:j0 + Bc].float()
+            vj = v[:, :, j0:j0 + Bc].float()
+            s = qi @ kj.transpose(-1, -2) * scale
+            if is_causal:
+                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            l = alpha * l + p.sum(-1)
+            o[:, :, i0:i0 + Br] = alpha[..., None] * o[:, :, i0:i0 + Br] + p @ vj
+            m = m_new
+        o[:, :, i0:i0 + Br] = o[:, :, i0:i0 + Br] / l[..., None]
+    return o
+''',
     },
     "4.4": {
         "the fp16 threshold used for both formats": '''# Exercise 4.4

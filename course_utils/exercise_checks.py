@@ -14,8 +14,9 @@ the same verdict as the learner's own notebook.
   more than one element of it in one operation (a one-pass loop over the elements).
 * :func:`check_attention_case` - one case of a tiled attention exercise: fresh inputs,
   a float64 reference computed first, the library's attention forbidden, no ``Nq x Nk``
-  tensor, key tiles after the diagonal poisoned and their FLOPs not allowed, NaN/inf
-  failing, then the comparison.
+  tensor nor the scores of a query tile against more keys than one key tile, key tiles
+  after the diagonal poisoned and their FLOPs not allowed, NaN/inf failing, then the
+  comparison.
 """
 from __future__ import annotations
 
@@ -348,12 +349,32 @@ def causal_flops(B, H, nq, nk, D, Br, Bc, is_causal) -> int:
 FORBID_ATTENTION = ("sdpa", "softmax", "reference-attention")
 
 
+def _row_block_tails(nq, nk, D, Br, Bc, is_causal):
+    """``(rows, keys)`` shapes of the scores of one query tile against every key it sees
+    at once (more keys than one tile of ``Bc``): an answer that tiles the queries only.
+    A one-row tile and a key count equal to ``D`` are left out (a vector of positions, an
+    ``(rows, D)`` accumulator would look the same)."""
+    tails = set()
+    for i0 in range(0, nq, Br):
+        rows = min(Br, nq - i0)
+        seen = min(nk, i0 + rows) if is_causal else nk
+        if rows > 1 and seen > Bc and seen != D:
+            tails.add((rows, seen))
+    return [(r, c, f"the scores of a tile of {r} queries against all {c} keys it sees at "
+                   f"once, more than one tile of {Bc} keys") for r, c in sorted(tails)]
+
+
 def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.float32,
-                         logit_scale=1.0, Br=16, Bc=16, name="your attention",
+                         logit_scale=1.0, score_offset=0.0, value_offset=0.0, Br=16, Bc=16,
+                         name="your attention",
                          exercise_id=None, asks="write the tiled forward yourself",
                          forbid=FORBID_ATTENTION, generator=None, pass_tiles=True,
                          atol=None, rtol=None, quiet=False):
-    """One case of a tiled-attention exercise (see the module docstring)."""
+    """One case of a tiled-attention exercise (see the module docstring).
+    ``score_offset`` adds about that much to every score (the output is the same): far
+    below zero, an exponential measured from a fixed number instead of the running max
+    underflows to 0 / 0. ``value_offset`` adds that much to every value: in fp16 with a
+    flat softmax over many keys, an accumulator kept in the input's dtype overflows."""
     g = generator
     q = torch.randn(B, H, nq, D, generator=g) * logit_scale
     k = torch.randn(B, H, nk, D, generator=g)
@@ -363,6 +384,12 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         # draw: key 0 (visible to every query) gets a score of 120 with the last query
         qi = q[:, :, -1, :]
         k[:, :, 0, :] = qi * (120.0 * D ** 0.5 / (qi * qi).sum(-1, keepdim=True))
+    if score_offset:
+        # feature 0 of every query times feature 0 of every key is score_offset * sqrt(D)
+        c = math.sqrt(abs(score_offset) * math.sqrt(D))
+        q[..., 0] = c
+        k[..., 0] = math.copysign(c, score_offset)
+    v = v + value_offset
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     want = attention_reference(q, k, v, is_causal=is_causal)          # before the answer runs
     kk, vv = k.clone(), v.clone()
@@ -374,7 +401,9 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         vv[..., first_unused:, :] = float("nan")
     label = (f"{name} (B={B}, H={H}, Nq={nq}, Nk={nk}, D={D}, "
              f"{'causal' if is_causal else 'no mask'}, {str(dtype).replace('torch.', '')}"
-             f"{f', logits x{logit_scale:g}' if logit_scale != 1 else ''})")
+             f"{f', logits x{logit_scale:g}' if logit_scale != 1 else ''}"
+             f"{f', every score near {score_offset:g}' if score_offset else ''}"
+             f"{f', values near {value_offset:g}' if value_offset else ''})")
     kwargs = {"is_causal": is_causal}
     if pass_tiles:
         kwargs.update(Br=Br, Bc=Bc)
@@ -384,8 +413,12 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
            "entirely after the query tile's last row instead of masking them.")
     ctx = flop_budget(budget, msg) if (is_causal and pass_tiles) else contextlib.nullcontext()
     with ctx:
+        # with one query (or one key) the whole score matrix has the shape of a vector of
+        # positions (torch.arange(nk)[None, :]): it is not banned then
+        tails = ([(nq, nk)] if min(nq, nk) > 1 else []) + \
+            (_row_block_tails(nq, nk, D, Br, Bc, is_causal) if pass_tiles else [])
         out = guards.run_answer(fn, q, kk, vv, forbid=forbid, exercise=exercise_id, asks=asks,
-                                name=name, shape_tails=[(nq, nk)], **kwargs)
+                                name=name, shape_tails=tails, **kwargs)
     if not isinstance(out, torch.Tensor):
         raise CheckFailed(f"{label}: expected a tensor, got {type(out).__name__}")
     check_shape(out, tuple(q.shape), name=label, quiet=True,
@@ -399,7 +432,9 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
                           "tile it must skip (one that starts after the query tile's last row).")
     guards.check_finite(out, name=label,
                         hint="inf or NaN with large logits: subtract the running max before exp, "
-                             "and rescale l and acc by exp(m_old - m_new) when it grows")
+                             "and rescale l and acc by exp(m_old - m_new) when it grows; with "
+                             "scores far below zero: the running max starts at -inf, not at 0; "
+                             "keep l and acc in float32 whatever the inputs' dtype")
     if atol is None:
         atol = 2e-4 if dtype == torch.float32 else (1e-9 if dtype == torch.float64 else 6e-3)
     if rtol is None:
@@ -419,7 +454,8 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
 
 def fa1_walk_reference(q, k, v, Br, Bc):
     """FA1's walk (K/V tile outer, query tile inner) for 2-D ``q, k, v`` of shape (N, d):
-    the ``(j, i, m_i, l_i)`` of every step and the output. The checks' reference."""
+    the ``(j, i, m_i, l_i, o_i)`` of every step (``o_i`` normalised) and the output. The
+    checks' reference."""
     n, d = q.shape
     q64, k64, v64 = q.double(), k.double(), v.double()
     m = torch.full((n,), float("-inf"), dtype=torch.float64)
@@ -437,14 +473,15 @@ def fa1_walk_reference(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = (a[:, None] * l_old[:, None] * o_old + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 
 
 def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", generator=None,
                    quiet=False):
     """Run ``fn(q, k, v, Br, Bc) -> (o, steps)`` on fresh (n, d) inputs and compare every
-    step of the walk with FA1's (tile order, and m and l of the query tile after it)."""
+    step of the walk with FA1's (tile order, and m, l and the normalised O of the query
+    tile after it)."""
     if M is not None:
         Bc = M // (4 * d)
         Br = min(Bc, d)
@@ -460,6 +497,10 @@ def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", gen
     if not (isinstance(got, tuple) and len(got) == 2):
         raise CheckFailed(f"{label}: return (o, steps), got {type(got).__name__}")
     o, steps = got
+    for t, s in enumerate(steps):
+        if not (isinstance(s, (tuple, list)) and len(s) == 5):
+            raise CheckFailed(f"{label}: step {t} is {s!r:.80}; every step is (j, i, m_i, l_i, o_i): "
+                              "the tile indices and the HBM copies of m, l and O of query tile i")
     order = [tuple(int(x) for x in s[:2]) for s in steps]
     want_order = [s[:2] for s in want]
     if order != want_order:
@@ -471,16 +512,22 @@ def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", gen
             f"{want_order[first] if first < len(want_order) else 'no more steps'}\n"
             "  hint: FA1's outer loop is over key/value tiles j, its inner loop over query "
             "tiles i; count tiles with a ceiling division")
-    for t, ((j, i, m, l), (_, _, wm, wl)) in enumerate(zip(steps, want)):
+    for t, ((j, i, m, l, oi), (_, _, wm, wl, wo)) in enumerate(zip(steps, want)):
         what = f"{label}, step {t} (key tile {j}, query tile {i})"
         m = torch.as_tensor(m).double()
         l = torch.as_tensor(l).double()
+        oi = torch.as_tensor(oi).double()
         check_close(m, wm, atol=1e-5, rtol=1e-5, name=f"{what}: m", quiet=True,
                     hint="m is the running max over every key seen so far by these rows, "
                          "this tile's included")
         check_close(l, wl, atol=1e-5, rtol=1e-5, name=f"{what}: l", quiet=True,
                     hint="l is measured against the running max: rescale the old l by "
                          "exp(m_old - m_new) before adding this tile's sum")
+        guards.check_finite(oi, name=f"{what}: O")
+        check_close(oi, wo, atol=1e-5, rtol=1e-5, name=f"{what}: O", quiet=True,
+                    hint="O in HBM is normalised after every step (divided by the l of that "
+                         "step): undo the old normalisation (times l_old, rescaled) before "
+                         "adding P V, then divide by l_new")
     guards.check_finite(o, name=f"{label}: o")
     check_close(torch.as_tensor(o).double(), want_o, atol=1e-5, rtol=1e-5, name=f"{label}: o",
                 quiet=True, hint="O in HBM is normalised after every step: undo the old "

@@ -312,13 +312,15 @@ class _DispatchGuard(TorchDispatchMode):
 
     def _size_check(self, base, t):
         shape = tuple(t.shape)
-        for a, b in self.shape_tails:
+        for tail in self.shape_tails:
+            a, b = tail[0], tail[1]
             if len(shape) >= 2 and {shape[-2], shape[-1]} == {a, b} and (a, b) != (1, 1):
+                what = tail[2] if len(tail) > 2 else f"that is the whole {a} x {b} score matrix"
                 raise CheckFailed(
                     f"{'Exercise ' + self.exercise + ': ' if self.exercise else ''}your answer "
-                    f"built a tensor of shape {shape} (aten.{base}): that is the whole {a} x {b} "
-                    "score matrix, which a tiled algorithm never holds. Work on one tile of "
-                    "queries and one tile of keys at a time.")
+                    f"built a tensor of shape {shape} (aten.{base}): {what}, which a tiled "
+                    "algorithm never holds. Work on one tile of queries and one tile of keys "
+                    "at a time.")
         if self.max_numel and t.numel() > self.max_numel:
             raise CheckFailed(
                 f"{'Exercise ' + self.exercise + ': ' if self.exercise else ''}your answer "
@@ -336,7 +338,8 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     ``exercise`` and ``asks`` ("write the online softmax update") go into the message;
     ``allow`` names functions (``"module.name"``) exempt from module-wide groups;
     ``shape_tails=[(Nq, Nk)]`` fails any intermediate whose last two dimensions are
-    those sizes (in either order); ``max_numel`` bounds every intermediate's size.
+    those sizes (in either order; a third element, if any, says what such a tensor is for
+    the message); ``max_numel`` bounds every intermediate's size.
     """
     resolved = _groups(groups)
     allow = set(allow)
@@ -451,7 +454,7 @@ def run_answer(fn: Callable, *args, forbid: Iterable = (), exercise: str | None 
         inputs = {frozenset(int(n) for n in t.shape[-2:])
                   for t in tree_flatten([c_args, c_kwargs])[0]
                   if isinstance(t, torch.Tensor) and t.dim() >= 2}
-        shape_tails = [(a, b) for a, b in shape_tails if frozenset((a, b)) not in inputs]
+        shape_tails = [t for t in shape_tails if frozenset(t[:2]) not in inputs]
     with _forbid(*forbid, exercise=exercise, asks=asks, allow=allow,
                  shape_tails=shape_tails, max_numel=max_numel):
         out = fn(*c_args, **c_kwargs)

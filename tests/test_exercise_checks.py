@@ -64,15 +64,17 @@ def test_one_pass_reads():
         run_one_pass(lambda t: torch.logsumexp(t, 0), x, forbid=["logsumexp"])
 
 
-def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True):
+def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0=-math.inf,
+           acc_dtype=torch.float32):
+    # acc_dtype None: the accumulator kept in the inputs' dtype
     nq, nk, d = q.shape[2], k.shape[2], q.shape[-1]
     o = torch.empty_like(q)
     for i0 in range(0, nq, Br):
         qi = q[:, :, i0:i0 + Br].float()
         rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], -math.inf)
+        m = torch.full(qi.shape[:-1], m0)
         l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
+        acc = torch.zeros_like(qi, dtype=acc_dtype or q.dtype)
         for j0 in range(0, nk, Bc):
             if skip and is_causal and j0 > i0 + rows - 1:
                 break
@@ -86,7 +88,7 @@ def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True):
             p = torch.exp(s - m_new[..., None])
             a = torch.exp(m - m_new) if running_max else torch.ones_like(m)
             l = a * l + p.sum(-1)
-            acc = a[..., None] * acc + p @ vj
+            acc = (a[..., None] * acc + p @ vj).to(acc.dtype)
             m = m_new
         o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
     return o
@@ -110,6 +112,44 @@ def test_attention_case_passes_a_tiled_forward_and_fails_the_shortcuts():
                 q, k, v, is_causal=is_causal), **kw)
 
 
+def _query_tiles_only(q, k, v, is_causal=False, Br=4, Bc=4):
+    # tiles the queries, then takes each tile's softmax over every key it sees at once
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        last = min(nk, i0 + qi.shape[2]) if is_causal else nk
+        s = qi @ k[:, :, :last].float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if is_causal:
+            r = i0 + torch.arange(qi.shape[2])[:, None]
+            s = s.masked_fill(torch.arange(last)[None, :] > r, -math.inf)
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        o[:, :, i0:i0 + Br] = (p @ v[:, :, :last].float() / p.sum(-1, keepdim=True)).to(q.dtype)
+    return o
+
+
+def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at_zero():
+    kw = dict(B=1, H=2, nq=9, nk=21, D=3, Br=4, Bc=5)
+    for causal in (False, True):
+        with pytest.raises(CheckFailed, match="keys it sees at once"):
+            check_attention_case(_query_tiles_only, is_causal=causal, **kw)
+    # scores far below zero: the same output, but a max started at 0 underflows to 0 / 0
+    check_attention_case(_flash, score_offset=-300.0, quiet=True, **kw)
+    check_attention_case(lambda *a, **k: _flash(*a, **k, m0=0.0), quiet=True, **kw)
+    with pytest.raises(CheckFailed, match="not finite|nan"):
+        check_attention_case(lambda *a, **k: _flash(*a, **k, m0=0.0), score_offset=-300.0, **kw)
+    # fp16 values near 2000 under a flat softmax: an fp16 accumulator overflows
+    half = dict(kw, nk=300, D=8, Bc=16, dtype=torch.float16, logit_scale=0.1, value_offset=2000.0)
+    check_attention_case(_flash, quiet=True, **half)
+
+    with pytest.raises(CheckFailed, match="not finite|inf"):
+        check_attention_case(lambda *a, **k: _flash(*a, **k, acc_dtype=None), **half)
+    # one query: a (1, Nk) vector of key positions is not taken for the score matrix
+    check_attention_case(
+        lambda q, k, v, **a: (_flash(q, k, v, **a) + 0 * torch.arange(k.shape[2])[None, :].sum()),
+        B=1, H=1, nq=1, nk=13, D=3, Br=4, Bc=3, is_causal=True, quiet=True)
+
+
 def test_fa1_walk_reference_and_check():
     q, k, v = (torch.randn(5, 3) for _ in range(3))
     o, steps = fa1_walk_reference(q, k, v, 3, 4)
@@ -120,3 +160,22 @@ def test_fa1_walk_reference_and_check():
         check_fa1_walk(lambda q, k, v, Br, Bc: fa1_walk_reference(q, k, v, Br, Bc), 5, 3, M=59)
     with pytest.raises(CheckFailed, match="step"):
         check_fa1_walk(lambda q, k, v, Br, Bc: (torch.zeros(5, 3), []), 5, 3, M=59)
+    # the same draws as the check's: steps without O's rows, and an O in HBM left
+    # unnormalised until the end (FA2's accumulator in FA1's order), fail
+    q, k, v = _draws(5)
+    o, steps = fa1_walk_reference(q, k, v, 3, 4)
+    check_fa1_walk(lambda *_: (o, steps), 5, 3, M=59, generator=_seeded(5), quiet=True)
+    with pytest.raises(CheckFailed, match=r"\(j, i, m_i, l_i, o_i\)"):
+        check_fa1_walk(lambda *_: (o, [s[:4] for s in steps]), 5, 3, M=59, generator=_seeded(5))
+    unnormalised = [(j, i, m, l, oi * l[:, None]) for j, i, m, l, oi in steps]
+    with pytest.raises(CheckFailed, match="O in HBM is normalised"):
+        check_fa1_walk(lambda *_: (o, unnormalised), 5, 3, M=59, generator=_seeded(5))
+
+
+def _seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _draws(seed, n=5, d=3):
+    g = _seeded(seed)
+    return tuple(torch.randn(n, d, generator=g) for _ in range(3))

@@ -74,6 +74,26 @@ def online_max_sum(x):
         m = torch.maximum(m, xi)
     return m, torch.exp(torch.logsumexp(x, 0) - m)
 ''',
+        "the running max starts at 0 (right whenever some logit is positive)": '''# Exercise 2.2
+def online_max_sum(x):
+    m = torch.tensor(0.0, dtype=x.dtype)
+    s = torch.tensor(0.0, dtype=x.dtype)
+    for xi in x:
+        m_new = torch.maximum(m, xi)
+        s = s * torch.exp(m - m_new) + torch.exp(xi - m_new)
+        m = m_new
+    return m, s
+''',
+        "the running max starts at -1e4 instead of -inf": '''# Exercise 2.2
+def online_max_sum(x):
+    m = torch.tensor(-1e4, dtype=x.dtype)
+    s = torch.tensor(0.0, dtype=x.dtype)
+    for xi in x:
+        m_new = torch.maximum(m, xi)
+        s = s * torch.exp(m - m_new) + torch.exp(xi - m_new)
+        m = m_new
+    return m, s
+''',
     },
     "2.3": {
         "the library's safe_softmax_trace": '''# Exercise 2.3

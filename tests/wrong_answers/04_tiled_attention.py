@@ -141,6 +141,53 @@ alpha = torch.exp(m - m_new)
 l = alpha * l + p.sum(-1)
 acc = acc + p @ vj
 m = m_new'''),
+        "each query tile against all the keys it sees at once (no key tiles, no running max)": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        last = min(nk, i0 + rows) if is_causal else nk
+        kk, vv = k[:, :, :last].float(), v[:, :, :last].float()
+        s = qi @ kk.transpose(-1, -2) * scale
+        if is_causal:
+            s = s.masked_fill(~tile_visible(i0, 0, rows, last), float("-inf"))
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        o[:, :, i0:i0 + Br] = (p @ vv / p.sum(-1, keepdim=True)).to(q.dtype)
+    return o
+''',
+        "the running max starts at 0 (right unless every score of a row is far below 0)":
+            _flash_src().replace('m = torch.full(qi.shape[:-1], float("-inf"))',
+                                 "m = torch.zeros(qi.shape[:-1])"),
+        "acc kept in the output tensor (q's dtype: fp16 accumulation) between key tiles": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.zeros_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:-1], float("-inf"))
+        l = torch.zeros_like(m)
+        for j0 in range(0, nk, Bc):
+            if is_causal and j0 > i0 + rows - 1:
+                break
+            kj = k[:, :, j0:j0 + Bc].float()
+            vj = v[:, :, j0:j0 + Bc].float()
+            s = qi @ kj.transpose(-1, -2) * scale
+            if is_causal:
+                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            l = alpha * l + p.sum(-1)
+            o[:, :, i0:i0 + Br] = alpha[..., None] * o[:, :, i0:i0 + Br] + p @ vj
+            m = m_new
+        o[:, :, i0:i0 + Br] = o[:, :, i0:i0 + Br] / l[..., None]
+    return o
+''',
     },
     "4.4": {
         "the fp16 threshold used for both formats": '''# Exercise 4.4
@@ -222,6 +269,16 @@ import torch.nn.functional as F
 def decode_step(q_new, k_cache, v_cache):
     return F.scaled_dot_product_attention(q_new, k_cache, v_cache, enable_gqa=True)
 ''',
+        "the output left in float32 (no cast back to q_new's dtype)": '''# Exercise 4.6
+def decode_step(q_new, k_cache, v_cache):
+    hq, hkv = q_new.shape[1], k_cache.shape[1]
+    outs = []
+    for h in range(hq):
+        kv = h // (hq // hkv)
+        s = q_new[:, h].float() @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
+        outs.append(torch.softmax(s, dim=-1) @ v_cache[:, kv].float())
+    return torch.stack(outs, dim=1)
+''',
     },
     "4.7": {
         "FA2's order: query tiles outside": '''# Exercise 4.7
@@ -242,7 +299,7 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 ''',
         "l not rescaled when the max grows": '''# Exercise 4.7
@@ -263,7 +320,7 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = l_old + p.sum(-1)
             o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 ''',
         "Br and Bc swapped (3 x 4 key tiles, 4-row query tiles)": '''# Exercise 4.7
@@ -285,7 +342,7 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
 ''',
         "O not un-normalised before adding the new tile": '''# Exercise 4.7
@@ -306,8 +363,29 @@ def fa1_walk(q, k, v, Br, Bc):
             l_new = a * l_old + p.sum(-1)
             o[r0:r0 + Br] = (a[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
             m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone()))
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o, steps
+''',
+        "FA2's accumulator in FA1's order: O in HBM divided by l only at the end": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"))
+    l = torch.zeros(n)
+    o = torch.zeros(n, d)
+    steps = []
+    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
+        for i, r0 in enumerate(range(0, n, Br)):
+            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
+            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
+            m_new = torch.maximum(m_old, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            a = torch.exp(m_old - m_new)
+            l_new = a * l_old + p.sum(-1)
+            o[r0:r0 + Br] = a[:, None] * o[r0:r0 + Br] + p @ vj
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
+    return o / l[:, None], steps
 ''',
     },
 }

@@ -314,6 +314,8 @@ class _DispatchGuard(TorchDispatchMode):
         shape = tuple(t.shape)
         for tail in self.shape_tails:
             a, b = tail[0], tail[1]
+            if len(tail) > 2 and not t.is_floating_point():
+                continue     # a named tail is about scores: a mask or positions may take it
             if len(shape) >= 2 and {shape[-2], shape[-1]} == {a, b} and (a, b) != (1, 1):
                 what = tail[2] if len(tail) > 2 else f"that is the whole {a} x {b} score matrix"
                 raise CheckFailed(
@@ -339,7 +341,8 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     ``allow`` names functions (``"module.name"``) exempt from module-wide groups;
     ``shape_tails=[(Nq, Nk)]`` fails any intermediate whose last two dimensions are
     those sizes (in either order; a third element, if any, says what such a tensor is for
-    the message); ``max_numel`` bounds every intermediate's size.
+    the message and limits the rule to floating-point tensors, so a boolean mask or integer
+    positions of that shape pass); ``max_numel`` bounds every intermediate's size.
     """
     resolved = _groups(groups)
     allow = set(allow)

@@ -144,6 +144,29 @@ def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at
 
     with pytest.raises(CheckFailed, match="not finite|inf"):
         check_attention_case(lambda *a, **k: _flash(*a, **k, acc_dtype=None), **half)
+    # a query tile's causal mask made over every key at once (boolean), then sliced per key
+    # tile: a tiled algorithm still, so it passes
+    def masked_per_query_tile(q, k, v, is_causal=False, Br=4, Bc=4):
+        nq, nk = q.shape[2], k.shape[2]
+        o = torch.empty_like(q)
+        for i0 in range(0, nq, Br):
+            rows = min(Br, nq - i0)
+            allowed = torch.arange(nk)[None, :] <= i0 + torch.arange(rows)[:, None]   # (rows, nk)
+            qi = q[:, :, i0:i0 + rows].float()
+            m = torch.full(qi.shape[:-1], -math.inf)
+            l, acc = torch.zeros_like(m), torch.zeros_like(qi)
+            for j0 in range(0, min(nk, i0 + rows) if is_causal else nk, Bc):
+                s = qi @ k[:, :, j0:j0 + Bc].float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+                if is_causal:
+                    s = s.masked_fill(~allowed[:, j0:j0 + Bc], -math.inf)
+                m_new = torch.maximum(m, s.amax(-1))
+                p = torch.exp(s - m_new[..., None])
+                a = torch.exp(m - m_new)
+                l, acc, m = a * l + p.sum(-1), a[..., None] * acc + p @ v[:, :, j0:j0 + Bc].float(), m_new
+            o[:, :, i0:i0 + rows] = (acc / l[..., None]).to(q.dtype)
+        return o
+    for causal in (False, True):
+        check_attention_case(masked_per_query_tile, is_causal=causal, quiet=True, **kw)
     # one query: a (1, Nk) vector of key positions is not taken for the score matrix
     check_attention_case(
         lambda q, k, v, **a: (_flash(q, k, v, **a) + 0 * torch.arange(k.shape[2])[None, :].sum()),

@@ -331,3 +331,61 @@ def attn_kernel(Q, K, V, O, NQ, NK, qk_scale, D: tl.constexpr, BLOCK_M: tl.const
         s = tl.where(cols[None, :] < NK, tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale, float("-inf"))
         m, l, acc = online_update(m, l, acc, s, v)
     tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=rows[:, None] < NQ)'''
+
+# Mistakes that keep a consistent reference point, so the arithmetic is exact until exp2
+# overflows or underflows: the checks' "rows far apart" case (row 0 scored far above, row 1
+# far below the later key tiles) makes them fail every time, not only on unlucky scores.
+_UPDATE = '''# Exercise 6.4
+@triton.jit
+def online_update(m, l, acc, s, v):
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p, v)
+    return m_new, l, acc'''
+WRONG["6.4"]["the new maximum from the tile alone (the old maximum dropped)"] = _UPDATE.replace(
+    "m_new = tl.maximum(m, tl.max(s, 1))", "m_new = tl.max(s, 1)")
+WRONG["6.4"]["the maximum taken along axis 0"] = _UPDATE.replace("tl.max(s, 1)", "tl.max(s, 0)")
+WRONG["6.6"]["the new maximum from the tile alone"] = _variant(
+    "m_new = tl.maximum(m, tl.max(s, 1))", "m_new = tl.max(s, 1)")
+WRONG["6.6"]["the maximum taken along axis 0"] = _variant(
+    "m_new = tl.maximum(m, tl.max(s, 1))", "m_new = tl.maximum(m, tl.max(s, 0))")
+# the last visible key of the tile left out of range(): wrong only where that key starts a
+# key tile (Nk - Nq = 1 with tiles of 16 here), which a hidden case always has
+WRONG["6.6"]["causal loop bound off by one (stops before the last visible key)"] = _variant(
+    "(tl.program_id(0) + 1) * BLOCK_M + shift)", "(tl.program_id(0) + 1) * BLOCK_M - 1 + shift)")
+WRONG["6.6"]["causal loop bound without the shift, mask right"] = _variant(
+    "(tl.program_id(0) + 1) * BLOCK_M + shift)", "(tl.program_id(0) + 1) * BLOCK_M)")
+WRONG["6.6"]["K and V addressed with the query count (bh * NQ * D)"] = _variant(
+    "k = tl.load(K + bh * NK * D", "k = tl.load(K + bh * NQ * D").replace(
+    "v = tl.load(V + bh * NK * D", "v = tl.load(V + bh * NQ * D")
+WRONG["6.6"]["keys masked only under CAUSAL"] = _variant(
+    "keep = col_ok[None, :]\n        if CAUSAL:\n            keep = keep & (cols[None, :] <= rows[:, None] + shift)",
+    "keep = rows[:, None] >= 0\n        if CAUSAL:\n"
+    "            keep = col_ok[None, :] & (cols[None, :] <= rows[:, None] + shift)")
+WRONG["6.1"]["mask from the lane index, not the offset"] = '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    lane = tl.arange(0, BLOCK)
+    offs = tl.program_id(0) * BLOCK + lane
+    mask = lane < n
+    x = tl.load(X + offs, mask=mask, other=0.0)
+    y = tl.load(Y + offs, mask=mask, other=0.0)
+    tl.store(OUT + offs, alpha * x + y, mask=mask)''' + _WRAPPER
+WRONG["6.2"]["ceiling for the visited key tiles"] = '''# Exercise 6.2
+def causal_tile_counts(Nq, Nk, BM, BN):
+    off, tiles_k = Nk - Nq, -(-Nk // BN)
+    visited = masked = 0
+    for r0 in range(0, Nq, BM):
+        r1 = min(r0 + BM, Nq) - 1
+        seen = min(tiles_k, -(-(r1 + off) // BN))
+        full = (r0 + off) // BN
+        visited += seen
+        masked += seen - full
+    return visited, masked'''
+WRONG["6.3"]["log2(e) rounded to 1.4427"] = '''# Exercise 6.3
+def qk_scale_for(head_dim, sm_scale=None):
+    if sm_scale is None:
+        sm_scale = head_dim ** -0.5
+    return sm_scale * 1.4427'''

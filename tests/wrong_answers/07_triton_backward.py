@@ -230,3 +230,44 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, NQ, NK, scale, D: tl.constexpr,
         vT = tl.load(V + bh * NK * D + cols[None, :] * D + d[:, None], mask=cols[None, :] < NK, other=0.0)
         dq = dq_update(q, do, kT, vT, lse, delta, dq, scale)
     tl.store(DQ + bh * NQ * D + rows[:, None] * D + d[None, :], dq * scale, mask=ok)'''
+
+_BACKWARD = '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float32))
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv'''
+
+
+def _backward(old: str, new: str) -> str:
+    if old not in _BACKWARD:
+        raise ValueError(f"wrong-answer template: {old!r} not found")
+    return _BACKWARD.replace(old, new)
+
+
+# Buffers of the other length: the kernels index them with the right strides, so the values
+# come out right where the buffer is longer, and the writes run past its end where it is
+# shorter; the wrappers refuse a buffer of the wrong shape, whichever way round Nq and Nk are.
+WRONG["7.6"]["Delta buffer shaped by the keys (BH, Nk)"] = _backward(
+    "torch.empty(q.shape[:2]", "torch.empty(k.shape[:2]")
+WRONG["7.6"]["dQ buffer shaped like k"] = _backward("torch.empty_like(q))\n", "torch.empty_like(k))\n")
+WRONG["7.6"]["dK and dV buffers shaped like q"] = _backward(
+    "torch.empty_like(k), torch.empty_like(v)", "torch.empty_like(q), torch.empty_like(q)")
+WRONG["7.6"]["Delta from q and dO"] = _backward("delta_7_1(o, do,", "delta_7_1(q, do,")
+WRONG["7.5"]["ratio of the backward alone (5 / 2)"] = '''# Exercise 7.5
+bwd_matmuls_7_5 = 5
+ratio_7_5 = 5 / 2'''
+WRONG["7.2"]["lse broadcast along the key axis"] = '''# Exercise 7.2
+@triton.jit
+def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
+    pT = tl.exp(tl.dot(k, qT) * scale - lse[:, None])
+    dv += tl.dot(pT, do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+    dk += tl.dot(dsT, tl.trans(qT))
+    return dk, dv'''
+WRONG["7.3"]["dS K with kT not transposed"] = '''# Exercise 7.3
+@triton.jit
+def dq_update(q, do, kT, vT, lse, delta, dq, scale):
+    p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])
+    ds = p * (tl.dot(do, vT) - delta[:, None])
+    return dq + tl.dot(ds, kT)'''

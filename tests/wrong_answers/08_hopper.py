@@ -248,3 +248,36 @@ def phase_parity(j, stages):
     return j % 2''',
     },
 }
+
+# a fixed preference list from the lesson's ranking: right wherever FlashAttention-3 or
+# ping-pong is the fastest schedule that fits, wrong at (64, 192), where neither is
+WRONG["8.2"]["the lesson's ranking: FlashAttention-3 if it fits, else ping-pong, ..."] = \
+    '''# Exercise 8.2
+def choose(D, Bc):
+    for name in ("fa3", "pingpong", "intra_pipeline", "warp_specialized", "no_ws_pipelined", "fa2_serial"):
+        try:
+            sim.simulate(sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8))
+        except sim.RegisterBudgetError:
+            continue
+        return name'''
+WRONG["8.3"]["one scale per row"] = '''# Exercise 8.3
+def quantize_block(x):
+    scale = x.abs().amax(dim=1, keepdim=True) / fp8.FP8_MAX
+    return (x / scale).to(fp8.FP8_DTYPE), scale'''
+WRONG["8.5"]["predicted time: the ping-pong kernel's measured time"] = '''# Exercise 8.5
+_mine = profile["_attn_fwd_kernel"]
+top_stall_8_5 = max((r for r in _mine["stalls"] if r != "selected"), key=_mine["stalls"].get)
+bottleneck_8_5 = "sync"
+fix_8_5 = "pingpong"
+predicted_ms_8_5 = profile["_attn_fwd_gluon_pp"]["ms"]'''
+WRONG["8.6"]["parity of the phase after the wait"] = '''# Exercise 8.6
+def full_count(j, stages):
+    return j // stages + 1
+
+
+def empty_count(j, stages, consumers):
+    return consumers * (j // stages)
+
+
+def phase_parity(j, stages):
+    return (j // stages + 1) % 2'''

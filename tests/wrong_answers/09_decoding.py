@@ -152,3 +152,54 @@ def num_splits_for(batch, kv_heads, cache_len, num_sms):
     return td.choose_num_splits(batch, kv_heads, cache_len, num_sms=num_sms)''',
     },
 }
+
+_DECODE = '''# Exercise 9.4
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    group = hq // k_cache.shape[1]
+    k = k_cache.float().repeat_interleave(group, dim=1)
+    v = v_cache.float().repeat_interleave(group, dim=1)
+    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
+    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))
+    p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)'''
+_MERGE = '''# Exercise 9.5
+def merge_partials(m, l, acc):
+    m_all = m.amax(dim=0)
+    w = torch.exp(m - m_all)
+    l_all = (w * l).sum(dim=0)
+    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
+    return o, m_all + torch.log(l_all)'''
+
+
+def _swap(src: str, old: str, new: str) -> str:
+    if old not in src:
+        raise ValueError(f"wrong-answer template: {old!r} not found")
+    return src.replace(old, new)
+
+
+# P rounded to float16 before P V: about one rounding of the output more than float32 inside,
+# under the tolerance on most draws with values of size 1; values x10 (a hidden case) make the
+# tolerance relative everywhere, and the rounding of P shows every time
+WRONG["9.4"]["probabilities cast to the input dtype before P V"] = _swap(
+    _DECODE, "return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)",
+    "return ((p.to(q.dtype) @ v_cache.repeat_interleave(group, dim=1)).float()"
+    " / p.sum(dim=-1, keepdim=True)).to(q.dtype)")
+WRONG["9.4"]["scores multiplied in the input dtype"] = _swap(
+    _DECODE, "s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)",
+    "s = (q @ k_cache.repeat_interleave(group, dim=1).transpose(-1, -2)).float() / math.sqrt(d)")
+# exact until exp overflows: a later chunk's maximum far above the first one's (a hidden case)
+WRONG["9.5"]["the first chunk's maximum as the common reference"] = _swap(
+    _MERGE, "m_all = m.amax(dim=0)", "m_all = m[0]")
+WRONG["9.6"]["+1 in place of the ceiling"] = '''# Exercise 9.6
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    want = int(4 * num_sms / (batch * kv_heads)) + 1
+    return max(1, min(want, cache_len // 512))'''
+WRONG["9.6"]["np.ceil: a float, not an int"] = '''# Exercise 9.6
+import numpy as np
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    want = np.ceil(4 * num_sms / (batch * kv_heads))
+    return max(1, min(want, cache_len // 512))'''
+WRONG["9.2"]["integer division"] = '''# Exercise 9.2
+def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
+    return (4 * q_heads * new_tokens) // (2 * kv_heads * bytes_per_elem)'''

@@ -38,7 +38,10 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
   consumers: while one computes its exponentials, the others' matmuls keep the tensor
   cores busy. With three consumers at head dim 64 that is the fastest schedule measured
   on an H100; at head dim 128 two pipelined consumers taking turns are
-  (:data:`FASTEST`, measurements in ``benchmarks/<device>/ablation.md``).
+  (:data:`FASTEST`, measurements in ``benchmarks/<device>/ablation.md``). Untied by turns,
+  a serial consumer also stops where its own rows stop seeing keys: under a causal mask
+  the consumers of a tile's first rows multiply one or two key blocks fewer than its last
+  rows, and only hand those slots of the ring back to the loader.
 
 The epilogue: a consumer writes its normalised O tile into the shared-memory slot of its
 Q tile (free once its last ``S = Q K^T`` is done) and one TMA copy stores it, whole lines
@@ -401,8 +404,13 @@ if GLUON_AVAILABLE:
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _release(v_empty, st)
         else:
-            # the serial FA2 order inside one warpgroup: matmul, softmax, matmul
-            for j in range(n_blocks):
+            # the serial FA2 order inside one warpgroup: matmul, softmax, matmul. Under a
+            # causal mask a consumer of the tile's first rows sees fewer key blocks than its
+            # last rows (n_blocks): it multiplies only its own (no turns tie it to the
+            # others) and hands the rest of the ring back as their blocks arrive
+            seen = gl.maximum(row0 + BLOCK_M + diag, 0)
+            mine = gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, n_blocks)
+            for j in range(mine):
                 st = j % STAGES
                 phase = (j // STAGES) & 1
                 sk, sv = _block_scales(ks_ptr, vs_ptr, j, FP8)
@@ -419,6 +427,14 @@ if GLUON_AVAILABLE:
                 mbarrier.wait(v_ready.index(st), phase)
                 acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
+                _release(v_empty, st)
+            for j in range(mine, n_blocks):
+                # blocks past this consumer's rows: loaded for the others, released unread
+                st = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(st), phase)
+                _release(k_empty, st)
+                mbarrier.wait(v_ready.index(st), phase)
                 _release(v_empty, st)
 
         # a row that saw no key (only under a lower-right mask with Nq > Nk): 0 and -inf

@@ -10,6 +10,14 @@ def row_delta(o, do):
 @triton.jit
 def row_delta(o, do):
     return tl.sum(tl.sum(o * do, 1), 0) + tl.zeros_like(tl.sum(o, 1))''',
+        "products rounded to float16 before the sum": '''# Exercise 7.1
+@triton.jit
+def row_delta(o, do):
+    return tl.sum((o * do).to(tl.float16), 1).to(tl.float32)''',
+        "the tiles cast to float16 first": '''# Exercise 7.1
+@triton.jit
+def row_delta(o, do):
+    return tl.sum(o.to(tl.float16) * do.to(tl.float16), 1).to(tl.float32)''',
         "adds instead of multiplying": '''# Exercise 7.1
 @triton.jit
 def row_delta(o, do):

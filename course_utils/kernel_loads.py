@@ -13,6 +13,12 @@ made through :func:`watched_launch` inside the block -- the course's ``launch`` 
 launches course-grade records go through it -- runs on the GPU and then once more in the
 interpreter, on CPU copies of its arguments, and that second run is watched.
 
+Inside the block a launch through :func:`watched_launch` runs only a plain ``@triton.jit``
+kernel whose body (and every device function it calls) is Triton code: in the interpreter a
+kernel body is Python, and one that called Python of its own could switch the watch off or
+compute its result some other way. A launch the interpreter cannot run again fails rather
+than stand unwatched. Atomics count as loads of the memory they touch.
+
 Once a launch has read outside its tensors, every float value it stores afterwards is NaN,
 so the verdict also travels as data: ``course-grade`` records what a kernel wrote in the
 student's run and replays it in the checking run, where the output's NaN fails the
@@ -329,8 +335,6 @@ def _check_tree(tree, glb, what):
                     if not _triton_value(v):
                         raise Refused(f"{what} uses {base.id}.{'.'.join(reversed(chain))}, "
                                       "which is not Triton's")
-                    if isinstance(v, types.ModuleType) and v.__name__ == "triton":
-                        continue
 
 
 _CHECKED: dict = {}

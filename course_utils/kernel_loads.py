@@ -13,6 +13,12 @@ made through :func:`watched_launch` inside the block -- the course's ``launch`` 
 launches course-grade records go through it -- runs on the GPU and then once more in the
 interpreter, on CPU copies of its arguments, and that second run is watched.
 
+Inside the block a launch through :func:`watched_launch` runs only a plain ``@triton.jit``
+kernel whose body (and every device function it calls) is Triton code: in the interpreter a
+kernel body is Python, and one that called Python of its own could switch the watch off or
+compute its result some other way. A launch the interpreter cannot run again fails rather
+than stand unwatched. Atomics count as loads of the memory they touch.
+
 Once a launch has read outside its tensors, every float value it stores afterwards is NaN,
 so the verdict also travels as data: ``course-grade`` records what a kernel wrote in the
 student's run and replays it in the checking run, where the output's NaN fails the
@@ -21,8 +27,14 @@ finiteness check that follows. Under the grader's student run the block does not
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
+import inspect
+import os
 import sys
+import textwrap
+import types
 
 import numpy as np
 import torch
@@ -59,11 +71,14 @@ def _watching(interp, ranges, stray):
     builder = interp.interpreter_builder
     original = builder.create_masked_load
     original_store = builder.create_masked_store
+    original_rmw = builder.create_atomic_rmw
+    original_cas = builder.create_atomic_cas
 
     # the cache and volatility arguments differ between Triton versions: passed on as given
-    def create_masked_load(ptrs, mask, other, *rest):
+    def note(ptrs, mask):
         addrs = np.asarray(ptrs.data).astype(np.uint64)
-        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addrs.shape)
+        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addrs.shape) if mask is not None \
+            else np.ones(addrs.shape, dtype=bool)
         seen = addrs[on]
         if seen.size:
             ok = np.zeros(seen.shape, dtype=bool)
@@ -76,7 +91,19 @@ def _watching(interp, ranges, stray):
                 below = [(first - lo, label) for label, lo, _ in ranges if lo <= first]
                 label = min(below)[1] if below else "before every tensor"
                 stray.append((label, int(bad.size)))
+
+    def create_masked_load(ptrs, mask, other, *rest):
+        note(ptrs, mask)
         return original(ptrs, mask, other, *rest)
+
+    # an atomic reads the memory it changes (and hands back what it read)
+    def create_atomic_rmw(op, ptrs, val, mask, *rest):
+        note(ptrs, mask)
+        return original_rmw(op, ptrs, val, mask, *rest)
+
+    def create_atomic_cas(ptrs, cmp, val, *rest):
+        note(ptrs, None)
+        return original_cas(ptrs, cmp, val, *rest)
 
     def create_masked_store(ptrs, value, mask, *rest):
         data = np.asarray(value.data)
@@ -86,14 +113,17 @@ def _watching(interp, ranges, stray):
 
     builder.create_masked_load = create_masked_load
     builder.create_masked_store = create_masked_store
+    builder.create_atomic_rmw = create_atomic_rmw
+    builder.create_atomic_cas = create_atomic_cas
     try:
         yield stray
     finally:
-        del builder.create_masked_load
-        del builder.create_masked_store
+        for name in ("create_masked_load", "create_masked_store", "create_atomic_rmw",
+                     "create_atomic_cas"):
+            vars(builder).pop(name, None)
 
 
-# the blocks open around compiled launches (a GPU): (labelled tensors, stray loads found)
+# the blocks open: (labelled tensors, stray loads found, launches refused or not watched)
 _open: list = []
 # compiled launches the interpreter could not run again (so not watched), and why
 unwatched: list[str] = []
@@ -121,16 +151,21 @@ def loads_within(*tensors: torch.Tensor, names=None, name: str = "your kernel",
     except Exception:  # pragma: no cover - no Triton interpreter
         yield stray
         return
-    if device.INTERPRET:
-        with _watching(_interp, ranges, stray):
+    refused: list[str] = []
+    entry = (list(zip(labels, tensors)), stray, refused)
+    _open.append(entry)
+    try:
+        if device.INTERPRET:
+            with _watching(_interp, ranges, stray):
+                yield stray
+        else:
             yield stray
-    else:
-        entry = (list(zip(labels, tensors)), stray)
-        _open.append(entry)
-        try:
-            yield stray
-        finally:
-            _open.remove(entry)
+    finally:
+        _open.remove(entry)
+    if refused and not _grading_student_run():
+        raise CheckFailed(f"{name} could not be watched: {refused[0]}\n  hint: launch a "
+                          "@triton.jit kernel whose body is Triton code (tl.* and other "
+                          "@triton.jit functions), as the exercise defines it")
     if stray and not _grading_student_run():
         where = sorted({label for label, _ in stray})
         lanes = sum(n for _, n in stray)
@@ -163,21 +198,350 @@ def _on_copy(a, copies):
     return t
 
 
-def watched_launch(kernel, grid, args, kwargs):
-    """``kernel[grid](*args, **kwargs)``; inside a :func:`loads_within` block on a GPU, the
-    launch is then run again in Triton's interpreter on CPU copies of its tensors (taken
-    before the launch) and its loads are checked there. Device functions the kernel calls
-    run interpreted too. Where the interpreter cannot run the kernel, the launch stands
-    unwatched."""
+def _triton_parts():
+    """Triton's own launch machinery, as it is when the course's modules are imported
+    (before any answer cell runs): a watched launch goes through these and nothing an
+    answer put in their place."""
     try:
+        from triton.runtime import interpreter as interp
         from triton.runtime.jit import JITFunction
     except Exception:  # pragma: no cover - no Triton
-        JITFunction = ()
-    if not _open or device.INTERPRET or not isinstance(kernel, JITFunction):
+        return None
+    return {"interp": interp, "JITFunction": JITFunction,
+            "InterpretedFunction": interp.InterpretedFunction,
+            "GridExecutor": interp.GridExecutor, "InterpreterError": interp.InterpreterError,
+            "patch_lang": interp._patch_lang, "rewriter": interp.FunctionRewriter,
+            "transformer": interp.FunctionRewriter.ast_transformer,
+            "comparison": getattr(interp, "_InterpreterComparison", None),
+            "semantic": getattr(interp, "interpreter_semantic", None),
+            "dir": os.path.dirname(os.path.dirname(os.path.realpath(interp.__file__))) + os.sep}
+
+
+_TRITON = _triton_parts()
+
+
+class Refused(CheckFailed):
+    """A kernel that a watched launch does not run: not plain Triton code, or one that the
+    interpreter cannot run again to watch it."""
+
+
+# the Python names a kernel body may call besides Triton's (what Triton's compiler accepts)
+_BUILTINS = frozenset(("range", "len", "min", "max", "int", "float", "bool", "abs", "isinstance",
+                       "print", "zip", "enumerate", "tuple", "list", "round", "str", "getattr",
+                       "ValueError", "TypeError", "AssertionError", "RuntimeError", "True",
+                       "False", "None"))
+# attributes no kernel needs, through which an interpreted body would reach Python's
+# machinery (a tensor's NumPy data, a kernel's Python function or its launch)
+_ATTRS = frozenset(("handle", "data", "fn", "src", "run", "rewrite", "rewriter", "rewritten_fn",
+                    "builder", "interpreter_builder", "device_caches", "cache", "kernel",
+                    "pre_run_hooks", "arg_names", "used_global_vals"))
+_FORBIDDEN_NODES = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ClassDef,
+                    ast.AsyncFunctionDef, ast.Await, ast.Yield, ast.YieldFrom, ast.Try,
+                    ast.With, ast.AsyncWith, ast.Delete, ast.Starred)
+
+
+def _triton_module(m) -> bool:
+    name = getattr(m, "__name__", None)
+    return isinstance(m, types.ModuleType) and isinstance(name, str) and \
+        sys.modules.get(name) is m and (name == "triton" or name == "triton.language"
+                                        or name.startswith("triton.language."))
+
+
+def _triton_value(v, depth=0) -> bool:
+    """A value a kernel body may name: a number or string, a Triton language object, a
+    Triton kernel or function (its code one of Triton's files)."""
+    if depth > 8:
+        return False
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if type(v) is tuple:
+        return all(_triton_value(x, depth + 1) for x in v)
+    if _triton_module(v):
+        return True
+    if _TRITON and type(v) in (_TRITON["JITFunction"], _TRITON["InterpretedFunction"]):
+        return True
+    code = getattr(v, "__code__", None)
+    if isinstance(v, types.FunctionType) and isinstance(code, types.CodeType):
+        real = os.path.realpath(code.co_filename)
+        return bool(_TRITON) and real.startswith(_TRITON["dir"])
+    cls = v if isinstance(v, type) else type(v)
+    mod = sys.modules.get(getattr(cls, "__module__", "") or "")
+    if not (_triton_module(mod) or (mod is not None and
+                                    getattr(mod, "__name__", "").startswith("triton."))):
+        return False
+    if isinstance(v, type):
+        return vars(mod).get(v.__name__) is v
+    inner = getattr(v, "value", None) if type(v).__name__ == "constexpr" else None
+    return inner is None or _triton_value(inner, depth + 1)
+
+
+def _check_tree(tree, glb, what):
+    """Refuse (``Refused``) a kernel body that is not Triton code: one that imports, defines
+    classes, assigns attributes or items, reads private attributes or a tensor's data, or
+    names a global that is neither a Triton object nor a plain Python builtin."""
+    fn_def = tree.body[0]
+    local = set()
+    for node in ast.walk(fn_def):
+        if isinstance(node, ast.arg):
+            local.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            local.add(node.id)
+    builtin_ns = vars(builtins)
+    for node in ast.walk(tree):
+        if isinstance(node, _FORBIDDEN_NODES):
+            raise Refused(f"{what} holds a {type(node).__name__} statement, which a Triton "
+                          "kernel cannot")
+        if isinstance(node, (ast.FunctionDef, ast.Lambda)) and node is not fn_def:
+            ok = isinstance(node, ast.Lambda) and isinstance(node.body, ast.Compare) and \
+                [a.arg for a in node.args.args] == ["lhs", "rhs"]
+            if not ok:   # the interpreter's own chained comparisons aside
+                raise Refused(f"{what} defines a function inside the kernel")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, (ast.Attribute, ast.Subscript)):
+                        raise Refused(f"{what} assigns to an attribute or an item")
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_") or node.attr in _ATTRS:
+                raise Refused(f"{what} reads the attribute {node.attr!r}")
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
+            name = node.id
+            if name == "_InterpreterComparison" or name == "interpreter_semantic":
+                want = _TRITON["comparison" if name[0] == "_" else "semantic"]
+                if glb.get(name, want) is not want:
+                    raise Refused(f"{what} names {name}, which is not the interpreter's")
+                continue
+            if name in glb:
+                if not _triton_value(glb[name]):
+                    raise Refused(f"{what} uses {name}, a {type(glb[name]).__name__} that is "
+                                  "not Triton's: a kernel may call only tl.* and other "
+                                  "@triton.jit functions")
+            elif name not in _BUILTINS or name not in builtin_ns:
+                raise Refused(f"{what} uses {name}, which a Triton kernel cannot")
+    # attribute chains from a module: every module on the way one of Triton's language
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, base = [], node
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in glb and base.id not in local:
+                v = glb[base.id]
+                for attr in reversed(chain):
+                    if not isinstance(v, types.ModuleType):
+                        break
+                    v = getattr(v, attr, None)
+                    if not _triton_value(v):
+                        raise Refused(f"{what} uses {base.id}.{'.'.join(reversed(chain))}, "
+                                      "which is not Triton's")
+
+
+_CHECKED: dict = {}
+_BAD_OPS = frozenset(("STORE_ATTR", "DELETE_ATTR", "STORE_GLOBAL", "DELETE_GLOBAL", "IMPORT_NAME",
+                      "IMPORT_FROM", "IMPORT_STAR", "LOAD_BUILD_CLASS", "STORE_SUBSCR",
+                      "DELETE_SUBSCR", "STORE_NAME", "DELETE_NAME", "LOAD_NAME", "SETUP_WITH",
+                      "BEFORE_WITH", "PUSH_EXC_INFO", "YIELD_VALUE", "GET_AWAITABLE",
+                      "SETUP_FINALLY", "DELETE_DEREF"))
+_NESTED = ("<listcomp>", "<genexpr>", "<setcomp>", "<dictcomp>")
+
+
+def _check_code(fn):
+    """:func:`_check_tree` for a function without source: its bytecode."""
+    import dis
+    what = f"the kernel {fn.__name__}"
+    glb = fn.__globals__
+    for v in list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values()) + \
+            [c.cell_contents for c in (fn.__closure__ or ()) if c.cell_contents is not None]:
+        if not _triton_value(v):
+            raise Refused(f"{what} holds a {type(v).__name__} that is not Triton's")
+    todo = [fn.__code__]
+    while todo:
+        code = todo.pop()
+        for k in code.co_consts:
+            if isinstance(k, types.CodeType):
+                if k.co_name not in _NESTED:
+                    raise Refused(f"{what} defines a function inside the kernel")
+                todo.append(k)
+        cur = None
+        for ins in dis.get_instructions(code):
+            op, arg = ins.opname, ins.argval
+            if op in _BAD_OPS:
+                raise Refused(f"{what} does what a Triton kernel cannot ({op})")
+            if op in ("LOAD_ATTR", "LOAD_METHOD"):
+                if not isinstance(arg, str) or arg.startswith("_") or arg in _ATTRS:
+                    raise Refused(f"{what} reads the attribute {arg!r}")
+                if isinstance(cur, types.ModuleType):
+                    cur = getattr(cur, arg, None)
+                    if not _triton_value(cur):
+                        raise Refused(f"{what} uses {arg}, which is not Triton's")
+                else:
+                    cur = None
+                continue
+            cur = None
+            if op == "LOAD_GLOBAL":
+                if arg in glb:
+                    cur = glb[arg]
+                    if not _triton_value(cur):
+                        raise Refused(f"{what} uses {arg}, a {type(cur).__name__} that is not "
+                                      "Triton's: a kernel may call only tl.* and other "
+                                      "@triton.jit functions")
+                elif arg not in _BUILTINS or arg not in vars(builtins):
+                    raise Refused(f"{what} uses {arg}, which a Triton kernel cannot")
+
+
+def _source_of(fn) -> str:
+    """The source Triton reads for ``fn`` (from its ``def`` line, dedented)."""
+    lines, _ = inspect.getsourcelines(fn)
+    src = textwrap.dedent("".join(lines))
+    import re
+    m = re.search(r"^def\s+\w+\s*\(", src, re.MULTILINE)
+    if m is None:
+        raise Refused(f"no source of {getattr(fn, '__name__', fn)} to check")
+    return src[m.start():]
+
+
+def _checked(fn, src=None, compiled=False):
+    """``fn`` rewritten for the interpreter as Triton's interpreter does it, from ``src``
+    (default: its source), after checking that the code is Triton code; cached by source."""
+    if not isinstance(fn, types.FunctionType):
+        raise Refused(f"{fn!r} is not a Python function")
+    if os.path.realpath(fn.__code__.co_filename).startswith(_TRITON["dir"]):
+        # Triton's own device functions (tl.max, tl.sum, ...): as its interpreter runs them
+        hit = _CHECKED.get((fn, None))
+        if hit is None:
+            hit = _CHECKED[(fn, None)] = _TRITON["rewriter"](fn).rewrite_ast()
+        return hit
+    if src is None:
+        try:
+            src = _source_of(fn)
+        except (OSError, TypeError):
+            # no source (a notebook forgets the cells it ran): Triton's interpreter runs the
+            # function itself, and so does this, once its code is checked
+            if _CHECKED.get((fn, fn.__code__)) is None:
+                _check_code(fn)
+                _CHECKED[(fn, fn.__code__)] = fn
+            return _with_devices(fn, compiled)
+    key = (fn, src)
+    hit = _CHECKED.get(key)
+    if hit is not None:
+        return _with_devices(hit, compiled)
+    what = f"the kernel {fn.__name__}"
+    tree = ast.parse(src)
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        raise Refused(f"{what}: its source is not one function")
+    tree.body[0].decorator_list = []
+    glb = fn.__globals__
+    _check_tree(tree, glb, what)
+    tree = _TRITON["transformer"].visit(tree)
+    _check_tree(tree, glb, what)
+    ast.fix_missing_locations(tree)
+    code = compile(tree, filename=fn.__code__.co_filename, mode="exec")
+    interp = _TRITON["interp"]
+    for k, v in vars(interp).items():    # as the interpreter does: its helpers among the globals
+        if k not in glb:
+            glb[k] = v
+    ns: dict = {}
+    exec(code, glb, ns)
+    out = ns[tree.body[0].name]
+    if len(_CHECKED) > 1000:
+        _CHECKED.clear()
+    _CHECKED[key] = out
+    return _with_devices(out, compiled)
+
+
+class _Device:
+    """A device function as a watched kernel calls it: checked Triton code (``compiled``:
+    from the source it is compiled from, a plain JITFunction's)."""
+
+    def __init__(self, dev, compiled):
+        self._dev, self._compiled = dev, compiled
+
+    def __call__(self, *args, **kwargs):
+        dev = self._dev
+        if self._compiled:
+            why = _plain(dev)
+            if why is not None:
+                raise Refused(why)
+        _TRITON["patch_lang"](dev.fn)
+        fn = _checked(dev.fn, dev.src if self._compiled else None, compiled=self._compiled)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise _TRITON["InterpreterError"](repr(e)) from e
+
+
+def _with_devices(fn, compiled):
+    """``fn`` with globals in which every device function of the course or the learner
+    (not Triton's own) is called as :class:`_Device`: a copy of its globals, as a compiled
+    kernel takes them when it is compiled."""
+    glb = dict(fn.__globals__)
+    kinds = (_TRITON["JITFunction"], _TRITON["InterpretedFunction"])
+    for k, v in list(glb.items()):
+        if type(v) in kinds and not os.path.realpath(
+                getattr(getattr(v, "fn", None), "__code__", fn.__code__).co_filename).startswith(
+                    _TRITON["dir"]):
+            glb[k] = _Device(v, compiled)
+    out = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    out.__annotations__ = dict(fn.__annotations__)
+    out.__qualname__ = fn.__qualname__
+    return out
+
+
+def _plain(kernel) -> str | None:
+    """Why ``kernel`` is not a plain Triton kernel (None when it is): one of Triton's own
+    classes, no launch method or hook of its own, and (compiled) the source it compiles
+    is its function's."""
+    if not _TRITON:
+        return "no Triton"
+    cls = type(kernel)
+    if cls not in (_TRITON["JITFunction"], _TRITON["InterpretedFunction"]):
+        return f"{getattr(kernel, '__name__', cls.__name__)} is a {cls.__name__}, not a @triton.jit kernel"
+    own = set(vars(kernel)) & {"run", "__getitem__", "__call__", "rewrite", "parse",
+                                "create_binder", "_do_compile", "_call_hook"}
+    if own:
+        return f"the kernel's {sorted(own)[0]} was replaced"
+    if getattr(kernel, "pre_run_hooks", None):
+        return "the kernel has hooks of its own"
+    return None
+
+
+def _refuse(entry, why, args, kwargs):
+    """A launch that cannot be watched fails (raised from the launch, so that course-grade
+    records the error as the kernel's outcome)."""
+    entry[2].append(why)
+    raise Refused(f"{why}. Inside this check a kernel runs only when its loads can be watched: "
+                  "launch a @triton.jit kernel whose body is Triton code (tl.* and other "
+                  "@triton.jit functions)")
+
+
+def watched_launch(kernel, grid, args, kwargs):
+    """``kernel[grid](*args, **kwargs)``. Inside a :func:`loads_within` block the kernel must be
+    a plain ``@triton.jit`` kernel whose body is Triton code (a launch method, a hook or a
+    body of Python of its own is not watched, and refused: its results become NaN). In the
+    interpreter the block watches the run itself; on a GPU the launch is then run again in
+    Triton's interpreter on CPU copies of its tensors (taken before the launch) and its loads
+    are checked there. Device functions the kernel calls run interpreted too. A launch the
+    interpreter cannot run again is refused as well."""
+    if not _open:
         return kernel[grid](*args, **kwargs)
+    entry = _open[-1]
+    why = _plain(kernel)
+    if why is not None:
+        _refuse(entry, why, args, kwargs)
+    if device.INTERPRET:
+        try:
+            fn = _checked(kernel.fn)
+        except Refused as e:
+            fn, why = None, str(e)
+        if fn is None:
+            _refuse(entry, why, args, kwargs)
+        names = list(inspect.signature(kernel.fn).parameters)
+        return _TRITON["GridExecutor"](fn, names, grid, [])(*args, **kwargs)
+    tensors, stray = entry[0], entry[1]
     copies = _copies(args, kwargs)
     out = kernel[grid](*args, **kwargs)
-    tensors, stray = _open[-1]
     ranges = []
     for label, t in tensors:
         held = copies.get(t.untyped_storage().data_ptr())
@@ -185,13 +549,20 @@ def watched_launch(kernel, grid, args, kwargs):
             lo = held[1].data_ptr() + (t.data_ptr() - held[0].data_ptr())
             ranges.append((label, lo, lo + t.numel() * t.element_size()))
     found: list = []
+    failed = None
     try:
-        _interpret(kernel.fn, grid, [_on_copy(a, copies) for a in args],
+        _interpret(kernel, grid, [_on_copy(a, copies) for a in args],
                    {k: _on_copy(v, copies) for k, v in kwargs.items()}, ranges, found)
-    except Exception as e:  # noqa: BLE001 - the interpreter could not run it: unwatched
+    except Exception as e:  # noqa: BLE001 - the interpreter could not run it: refused
+        inner = e
+        while isinstance(inner.__cause__, Exception) and not isinstance(inner, Refused):
+            inner = inner.__cause__
         if len(unwatched) < 100:
             unwatched.append(f"{getattr(kernel.fn, '__name__', kernel)}: {type(e).__name__}: {e}")
-        return out
+        failed = f"{type(inner).__name__}: {str(inner)[:300]}"
+    if failed is not None:   # raised here, so that no error of the interpreter's comes with it
+        _refuse(entry, f"Triton's interpreter could not run it again to watch its loads "
+                       f"({failed})", args, kwargs)
     if found:
         stray.extend(found)
         for st, cpu in copies.values():
@@ -199,18 +570,22 @@ def watched_launch(kernel, grid, args, kwargs):
     return out
 
 
-def _interpret(fn, grid, args, kwargs, ranges, found):
-    from triton.runtime import interpreter as _interp
-    from triton.runtime.jit import JITFunction
+def _interpret(kernel, grid, args, kwargs, ranges, found):
+    """Run the compiled ``kernel`` once more in the interpreter, from the source it was
+    compiled from (a device function too), its loads watched."""
+    interp = _TRITON["interp"]
+    JITFunction = _TRITON["JITFunction"]
+
     made: dict = {}
 
     def device_call(self, *a, **k):
+        # Triton's own device functions (a reduction), compiled objects here: interpreted
         f = made.get(self.fn)
         if f is None:
-            f = made[self.fn] = _interp.InterpretedFunction(self.fn)
+            f = made[self.fn] = _TRITON["InterpretedFunction"](self.fn)
         return f(*a, **k)
 
-    patch_tensor = getattr(_interp, "_patch_lang_tensor", None)
+    patch_tensor = getattr(interp, "_patch_lang_tensor", None)
 
     def patch_tensor_compat(tensor, *rest):
         # Triton 3.6's interpreter turns a scalar into an index with int() of a one-element
@@ -224,14 +599,17 @@ def _interpret(fn, grid, args, kwargs, ranges, found):
     compiled_call = JITFunction.__call__
     JITFunction.__call__ = device_call      # a device function the kernel calls, interpreted
     if patch_tensor is not None:
-        _interp._patch_lang_tensor = patch_tensor_compat
+        interp._patch_lang_tensor = patch_tensor_compat
     try:
-        with _language_kept(), _watching(_interp, ranges, found):
-            _interp.InterpretedFunction(fn)[grid](*args, **kwargs)
+        with _language_kept(), _watching(interp, ranges, found):
+            fn = kernel.fn if isinstance(kernel, _TRITON["JITFunction"]) else kernel
+            checked = _checked(fn, getattr(kernel, "src", None), compiled=True)
+            names = list(inspect.signature(fn).parameters)
+            _TRITON["GridExecutor"](checked, names, grid, [])(*args, **kwargs)
     finally:
         JITFunction.__call__ = compiled_call
         if patch_tensor is not None:
-            _interp._patch_lang_tensor = patch_tensor
+            interp._patch_lang_tensor = patch_tensor
 
 
 @contextlib.contextmanager

@@ -59,8 +59,10 @@ def launch(kernel, grid, *args, **kwargs):
     (an unsolved exercise) is unwrapped so its message reads as written."""
     from course_utils.kernel_loads import watched_launch
     try:
-        if isinstance(kernel, triton.runtime.jit.JITFunction):
-            # inside a check's kernel_loads.loads_within on a GPU, also watched in the interpreter
+        if isinstance(kernel, (triton.runtime.jit.JITFunction,
+                               triton.runtime.interpreter.InterpretedFunction)):
+            # inside a check's kernel_loads.loads_within: watched (on a GPU, once more in
+            # the interpreter), and only as plain Triton code
             return watched_launch(kernel, grid, args, kwargs)
         return kernel[grid](*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - re-raised below unless unwrapped

@@ -77,15 +77,15 @@ def _copy_twice_py(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(OUT + offs, _twice(x), mask=mask)
 
 
-def _as_compiled(fn):
-    """A JITFunction of ``fn`` that launches through the interpreter (what the GPU would
-    compute, with no GPU here)."""
+def _as_compiled(fn, monkeypatch):
+    """A JITFunction of ``fn`` whose launch the interpreter stands in for (what the GPU would
+    compute, with no GPU here): JITFunction's own launch, so that the kernel is a plain one."""
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
-    k = JITFunction(fn)
-    k.run = lambda *a, grid, warmup, **kw: interpreter.InterpretedFunction(fn).run(
-        *a, grid=grid, warmup=warmup, **kw)
-    return k
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw:
+                        interpreter.InterpretedFunction(self.fn).run(*a, grid=grid,
+                                                                     warmup=warmup, **kw))
+    return JITFunction(fn)
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def compiled(monkeypatch):
     monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
     # the device function: a compiled JITFunction, callable only inside a kernel
     monkeypatch.setitem(globals(), "_twice", JITFunction(_twice_py))
-    kernel = _as_compiled(_copy_twice_py)
+    kernel = _as_compiled(_copy_twice_py, monkeypatch)
     # the stand-in launch runs in the interpreter, where the device function must run too
     real_call = JITFunction.__call__
 
@@ -209,7 +209,7 @@ def test_a_compiled_launch_run_again_leaves_the_language_as_it_was(monkeypatch):
         pytest.skip("the stand-in for a compiled launch needs the CPU interpreter")
     monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
     monkeypatch.setitem(globals(), "_row_total", JITFunction(_row_total_py))
-    kernel = _as_compiled(_total_py)
+    kernel = _as_compiled(_total_py, monkeypatch)
     x = guards.Guarded(torch.randn(13))
     out = guards.Guarded.empty((1,))
     before = _language_state()
@@ -251,3 +251,130 @@ def test_watched_launches_with_a_reduction_run_again_and_again(monkeypatch):
             want = torch.nn.functional.pad(x.tensor, (0, 11), value=float("-inf")).view(3, 16).amax(1)
             assert torch.equal(out.tensor, want)
     assert kernel_loads.unwatched == []
+
+
+# --- kernels that try to read past the end without being seen
+@triton.jit
+def _atomic_copy(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    # an atomic that adds nothing reads (and hands back) the memory it touches
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASK_LOAD:
+        x = tl.atomic_or(X.to(tl.pointer_type(tl.int32)) + offs, 0, mask=offs < n)
+    else:
+        x = tl.atomic_or(X.to(tl.pointer_type(tl.int32)) + offs, 0)
+    tl.store(OUT + offs, x.to(tl.float32, bitcast=True), mask=offs < n)
+
+
+def test_an_atomic_read_past_the_end_fails():
+    x, out = _run(True, _atomic_copy)
+    assert torch.equal(out.tensor, x.tensor)
+    with pytest.raises(CheckFailed, match="past the end of X"):
+        _run(False, _atomic_copy)
+
+
+def _quiet():
+    # Python, run by the interpreter inside a kernel: the load watch switched off
+    from triton.runtime import interpreter as interp
+    b = interp.interpreter_builder
+    b.create_masked_load = type(b).create_masked_load.__get__(b)
+
+
+@triton.jit
+def _copy_quietly(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    _quiet()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    tl.store(OUT + offs, x, mask=offs < n)
+
+
+@triton.jit
+def _copy_via_handle(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n)
+    x.handle.data[:] = 0.0
+    tl.store(OUT + offs, x, mask=offs < n)
+
+
+@pytest.mark.skipif(not device.INTERPRET, reason="a kernel body runs as Python in the interpreter")
+@pytest.mark.parametrize("kernel", [_copy_quietly, _copy_via_handle])
+def test_a_kernel_body_of_python_is_refused(kernel):
+    from triton.runtime import interpreter
+    with pytest.raises(CheckFailed, match="Triton"):
+        _run(True, kernel)
+    assert "create_masked_load" not in vars(interpreter.interpreter_builder)
+
+
+def test_a_kernel_whose_launch_was_replaced_is_refused(monkeypatch):
+    calls = []
+    k = triton.jit(_copy_twice_py) if not device.INTERPRET else \
+        __import__("triton").runtime.interpreter.InterpretedFunction(_copy_twice_py)
+    monkeypatch.setitem(globals(), "_twice", triton.jit(_twice_py))
+    k.run = lambda *a, grid, warmup, **kw: calls.append(a)      # any Python at all
+    with pytest.raises(CheckFailed, match="run was replaced"):
+        _run(True, k)
+    assert calls == []
+
+
+def test_only_triton_kernels_launch_inside_the_block():
+    from course_utils import kernel_loads
+
+    class Fake:
+        def __getitem__(self, grid):
+            return lambda x, out, *a, **k: out.copy_(x)
+    x = torch.randn(8)
+    out = torch.empty(8)
+    with pytest.raises(CheckFailed, match="not a @triton.jit kernel"):
+        with loads_within(x, out):
+            kernel_loads.watched_launch(Fake(), (1,), (x, out), {})
+    kernel_loads.watched_launch(Fake(), (1,), (x, out), {})      # outside a block: launched
+    assert torch.equal(out, x)
+
+
+def _asm_copy_py(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs)
+    x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                  is_pure=True, pack=1)
+    tl.store(OUT + offs, x, mask=offs < n)
+
+
+def test_a_compiled_launch_the_interpreter_cannot_run_again_fails(monkeypatch):
+    """A kernel that the interpreter cannot run (inline assembly here) is not watched: on a
+    GPU it used to keep its results; it fails the block instead."""
+    from course_utils import kernel_loads
+    if not device.INTERPRET:
+        pytest.skip("the stand-in for a compiled launch needs the CPU interpreter")
+    monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
+    from triton.runtime.jit import JITFunction
+    # the stand-in compiled launch: what a GPU computes (a copy), without the assembly
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw:
+                        a[1].copy_(a[0]))
+    kernel = JITFunction(_asm_copy_py)
+    with pytest.raises(CheckFailed, match="interpreter could not run it"):
+        _run(True, kernel)
+
+
+def test_answer_code_cannot_switch_the_watch_off_unseen():
+    """An answer cell that rebinds what the watch runs through is reported and undone."""
+    from course_utils import kernel_loads
+    from course_utils.grading import guard_keeper
+    from triton.runtime import interpreter
+    guard_keeper.capture()
+    held = (kernel_loads.loads_within, kernel_loads._watching, device.INTERPRET,
+            interpreter.InterpretedFunction.run, interpreter.interpreter_builder)
+    try:
+        kernel_loads.loads_within = lambda *a, **k: None
+        kernel_loads._watching = lambda *a: None
+        device.INTERPRET = not device.INTERPRET
+        interpreter.InterpretedFunction.run = lambda *a, **k: None
+        interpreter.interpreter_builder = object()
+        changed = guard_keeper.check_and_restore()
+    finally:
+        guard_keeper._SNAP.clear()
+    for what in ("course_utils.kernel_loads.loads_within", "course_utils.kernel_loads._watching",
+                 "course_utils.device.INTERPRET",
+                 "triton.runtime.interpreter.InterpretedFunction.run",
+                 "triton.runtime.interpreter.interpreter_builder"):
+        assert what in changed, (what, changed)
+    assert (kernel_loads.loads_within, kernel_loads._watching, device.INTERPRET,
+            interpreter.InterpretedFunction.run, interpreter.interpreter_builder) == held

@@ -39,7 +39,14 @@ _OVERRIDES = ("TorchFunctionMode", "BaseTorchFunctionMode", "_get_current_functi
               "_pop_torch_function_stack", "_push_on_torch_function_stack")
 _TABLES = ("course_utils.guards", "course_utils.checks")
 _MODULES = ("course_utils.guards", "course_utils.checks", "course_utils.grading.kernel_side",
-            "course_utils.grading.guard_keeper", "course_utils.grading.codec")
+            "course_utils.grading.guard_keeper", "course_utils.grading.codec",
+            # the load watch of Triton kernels (and the device flags that choose its path)
+            "course_utils.kernel_loads", "course_utils.device")
+# Triton's launch and interpreter machinery, which the load watch runs kernels through:
+# what each name is bound to is kept (their caches and tables change as kernels run)
+_TRITON = {"triton.runtime.interpreter": ("InterpreterBuilder", "InterpretedFunction",
+                                          "GridExecutor", "FunctionRewriter", "ASTTransformer"),
+           "triton.runtime.jit": ("JITFunction", "KernelInterface", "JITCallable")}
 
 
 def _copy(v):
@@ -79,6 +86,15 @@ def _targets():
         for attr, v in list(vars(mod).items()):
             if isinstance(v, type) and getattr(v, "__module__", None) == name:
                 out.append((f"{name}.{attr}", v))
+    for name, classes in _TRITON.items():
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        out.append((name, vars(mod)))
+        for attr in classes:
+            v = vars(mod).get(attr)
+            if isinstance(v, type):
+                out.append((f"{name}.{attr}", v))
     out.append(("torch._C", {k: getattr(torch._C, k) for k in _TORCH_C if hasattr(torch._C, k)}))
     out.append(("torch.overrides", {k: getattr(ov, k) for k in _OVERRIDES if hasattr(ov, k)}))
     for cls in (getattr(ov, "TorchFunctionMode", None), getattr(ov, "BaseTorchFunctionMode", None)):
@@ -113,8 +129,9 @@ def snapshot() -> dict:
         # contents are kept for the tables (UPPER_CASE names) of a module, and for
         # everything of a class; other module state (caches, the grading records) may
         # change as it runs, so only what each name is bound to is kept
+        whole = not label.startswith("triton.")
         snap[label] = (owner, ns if owner is None else None,
-                       {k: (v, _copy(v) if owner is not None or (
+                       {k: (v, _copy(v) if (owner is not None and whole) or (
                            k.isupper() and label in _TABLES) else v)
                         for k, v in items.items()})
     snap["__code__"] = (None, None, _course_code())

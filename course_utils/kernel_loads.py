@@ -71,8 +71,8 @@ def _watching(interp, ranges, stray):
     builder = interp.interpreter_builder
     original = builder.create_masked_load
     original_store = builder.create_masked_store
-    original_rmw = builder.create_atomic_rmw
-    original_cas = builder.create_atomic_cas
+    original_rmw = getattr(builder, "create_atomic_rmw", None)
+    original_cas = getattr(builder, "create_atomic_cas", None)
 
     # the cache and volatility arguments differ between Triton versions: passed on as given
     def note(ptrs, mask):
@@ -113,8 +113,10 @@ def _watching(interp, ranges, stray):
 
     builder.create_masked_load = create_masked_load
     builder.create_masked_store = create_masked_store
-    builder.create_atomic_rmw = create_atomic_rmw
-    builder.create_atomic_cas = create_atomic_cas
+    if original_rmw is not None:
+        builder.create_atomic_rmw = create_atomic_rmw
+    if original_cas is not None:
+        builder.create_atomic_cas = create_atomic_cas
     try:
         yield stray
     finally:
@@ -205,16 +207,18 @@ def _triton_parts():
     try:
         from triton.runtime import interpreter as interp
         from triton.runtime.jit import JITFunction
-    except Exception:  # pragma: no cover - no Triton
+        return {"interp": interp, "JITFunction": JITFunction,
+                "InterpretedFunction": interp.InterpretedFunction,
+                "GridExecutor": interp.GridExecutor, "InterpreterError": interp.InterpreterError,
+                "patch_lang": interp._patch_lang, "rewriter": interp.FunctionRewriter,
+                "transformer": interp.FunctionRewriter.ast_transformer,
+                "comparison": getattr(interp, "_InterpreterComparison", None),
+                "semantic": getattr(interp, "interpreter_semantic", None),
+                "dir": os.path.dirname(os.path.dirname(os.path.realpath(interp.__file__))) + os.sep}
+    except Exception:  # noqa: BLE001 - no Triton, or an interpreter laid out otherwise
+        # (a Triton release this module does not know): launches then run as they are, and
+        # in the interpreter the block still watches their loads (not their bodies)
         return None
-    return {"interp": interp, "JITFunction": JITFunction,
-            "InterpretedFunction": interp.InterpretedFunction,
-            "GridExecutor": interp.GridExecutor, "InterpreterError": interp.InterpreterError,
-            "patch_lang": interp._patch_lang, "rewriter": interp.FunctionRewriter,
-            "transformer": interp.FunctionRewriter.ast_transformer,
-            "comparison": getattr(interp, "_InterpreterComparison", None),
-            "semantic": getattr(interp, "interpreter_semantic", None),
-            "dir": os.path.dirname(os.path.dirname(os.path.realpath(interp.__file__))) + os.sep}
 
 
 _TRITON = _triton_parts()
@@ -524,7 +528,7 @@ def watched_launch(kernel, grid, args, kwargs):
     Triton's interpreter on CPU copies of its tensors (taken before the launch) and its loads
     are checked there. Device functions the kernel calls run interpreted too. A launch the
     interpreter cannot run again is refused as well."""
-    if not _open:
+    if not _open or _TRITON is None:
         return kernel[grid](*args, **kwargs)
     entry = _open[-1]
     why = _plain(kernel)

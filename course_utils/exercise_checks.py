@@ -200,6 +200,10 @@ _VIEWS = {"unbind", "select", "slice", "alias", "view", "as_strided", "detach", 
           "unsqueeze", "squeeze", "reshape", "_reshape_alias", "t", "transpose", "permute",
           "split", "split_with_sizes", "chunk", "narrow", "lift_fresh", "_unsafe_view",
           "unfold"}
+# new tensors shaped or typed like the input: they read its shape and dtype, none of its
+# elements (x.new_zeros(()) for a running sum, torch.full_like(x[0], -inf) for a max)
+_METADATA_ONLY = {"new_zeros", "new_ones", "new_empty", "new_full", "new_empty_strided",
+                  "empty_like", "zeros_like", "ones_like", "full_like"}
 
 
 def _held_by_answer() -> int:
@@ -212,12 +216,19 @@ def _held_by_answer() -> int:
     return sum(t.size for t in snap.traces if not t.traceback[0].filename.startswith(skip))
 
 
+# how many earlier elements an answer may read again between two new ones: the running
+# max kept as a view of the element it came from (a second pass reads them all again)
+_HELD_REREADS = 2
+
+
 class _SinglePass(TorchDispatchMode):
     def __init__(self, x, name, max_state_bytes=None):
         super().__init__()
         self.ptr = x.untyped_storage().data_ptr()
         self.base, self.item, self.n = x.storage_offset(), x.element_size(), x.numel()
         self.high, self.name = -1, name
+        # earlier elements read again since the last new one (at most _HELD_REREADS of them)
+        self.held = set()
         # Python memory held at the first read; what the answer holds beyond it grows with
         # the number of elements read only if it keeps them (a copy to go over again)
         self.max_state_bytes, self.held0 = max_state_bytes, None
@@ -257,7 +268,7 @@ class _SinglePass(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         base = guards._aten_base(func)
-        if base not in _VIEWS:
+        if base not in _VIEWS and base not in _METADATA_ONLY:
             for t in tree_flatten((args, kwargs or {}))[0]:
                 span = self._span(t)
                 if span is None:
@@ -271,10 +282,17 @@ class _SinglePass(TorchDispatchMode):
                         f"operation (aten.{base}). This exercise is one loop: read each element "
                         "once, in order, and update the running values.")
                 if lo < self.high:
+                    if n == 1 and (lo in self.held or len(self.held) < _HELD_REREADS):
+                        # an element read before, kept as running state (m = x[i] as the
+                        # max so far): read again between two new elements, not a pass
+                        self.held.add(lo)
+                        continue
                     raise CheckFailed(
                         f"{self.name}: your function went back to element {lo} after reading "
                         f"element {self.high}: that is a second pass over the input. Keep a "
                         "running max and a running sum, and update both as each element arrives.")
+                if hi > self.high:
+                    self.held = set()
                 self.high = max(self.high, hi)
                 self._check_memory(lo)
         return func(*args, **(kwargs or {}))
@@ -283,7 +301,9 @@ class _SinglePass(TorchDispatchMode):
 @contextlib.contextmanager
 def single_pass(x: torch.Tensor, name: str = "answer", max_state_bytes: int | None = None):
     """While active, reading ``x`` a second time, or more than one element of it in one
-    operation, or copying it out whole, fails inside the answer. With ``max_state_bytes``,
+    operation, or copying it out whole, fails inside the answer (an element kept as running
+    state, like a max that is a view of the element it came from, may be read again between
+    two new elements). With ``max_state_bytes``,
     so does holding (in Python objects, traced by ``tracemalloc``) more than that many bytes
     beyond what was held at the read of element ``len(x) // 4``: the answer kept the
     elements it read. Give ``x`` enough elements that a copy of the last three quarters

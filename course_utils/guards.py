@@ -41,6 +41,7 @@ import sys
 import threading
 import tracemalloc
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -283,16 +284,29 @@ class _FunctionGuard(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def _additive_mask(t) -> bool:
+    """Whether floating-point ``t`` holds only 0 and -inf (an additive causal mask)."""
+    try:
+        return bool(((t == 0) | (t == -math.inf)).all())
+    except Exception:  # noqa: BLE001
+        return False
+
+
 class _DispatchGuard(TorchDispatchMode):
     def __init__(self, prefixes: list, exercise, asks, shape_tails, max_numel, engine=None):
         super().__init__()
         self.prefixes, self.exercise, self.asks = prefixes, exercise, asks
         self.shape_tails, self.max_numel, self.engine = shape_tails, max_numel, engine
+        # floating-point tensors of a named tail's shape let through as additive masks (only
+        # 0 and -inf): every later op that reads their storage checks they still are
+        self.masks: list = []
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         base = _aten_base(func)
         if _exempt():
             return func(*args, **(kwargs or {}))
+        if self.masks:
+            self._masks_still_masks(base, args, kwargs)
         if self.engine and _graph_task_id() != -1:
             # an operator run by the autograd engine: a backward pass, however it was
             # started (tensor.backward, torch.autograd.grad, the engine's run_backward,
@@ -310,6 +324,29 @@ class _DispatchGuard(TorchDispatchMode):
                     self._size_check(base, t)
         return out
 
+    def _masks_still_masks(self, base, args, kwargs):
+        ptrs = set()
+        for t in tree_flatten((args, kwargs or {}))[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                try:
+                    ptrs.add(t.untyped_storage().data_ptr())
+                except Exception:  # noqa: BLE001
+                    continue
+        live = []
+        for ref, ptr in self.masks:
+            m = ref()
+            if m is None:
+                continue
+            live.append((ref, ptr))
+            if ptr in ptrs and not _additive_mask(m):
+                raise CheckFailed(
+                    f"{'Exercise ' + self.exercise + ': ' if self.exercise else ''}your answer "
+                    f"wrote scores into a tensor of shape {tuple(m.shape)} (read by aten.{base}): "
+                    "the scores of a tile of queries against all the keys it sees at once, "
+                    "which a tiled algorithm never holds. Work on one tile of queries and one "
+                    "tile of keys at a time.")
+        self.masks = live
+
     def _size_check(self, base, t):
         shape = tuple(t.shape)
         for tail in self.shape_tails:
@@ -317,6 +354,11 @@ class _DispatchGuard(TorchDispatchMode):
             if len(tail) > 2 and not t.is_floating_point():
                 continue     # a named tail is about scores: a mask or positions may take it
             if len(shape) >= 2 and {shape[-2], shape[-1]} == {a, b} and (a, b) != (1, 1):
+                if len(tail) > 2 and _additive_mask(t):
+                    # a causal mask of 0 and -inf over the keys (a bias added to each key
+                    # tile's slice of it), as a boolean mask of that shape is let through
+                    self.masks.append((weakref.ref(t), t.untyped_storage().data_ptr()))
+                    continue
                 what = tail[2] if len(tail) > 2 else f"that is the whole {a} x {b} score matrix"
                 raise CheckFailed(
                     f"{'Exercise ' + self.exercise + ': ' if self.exercise else ''}your answer "

@@ -31,6 +31,7 @@ import ast
 import builtins
 import contextlib
 import inspect
+import math
 import os
 import sys
 import textwrap
@@ -260,7 +261,10 @@ def _triton_value(v, depth=0) -> bool:
         return True
     if type(v) is tuple:
         return all(_triton_value(x, depth + 1) for x in v)
-    if _triton_module(v):
+    if _triton_module(v) or v is math:
+        return True
+    if isinstance(v, types.BuiltinFunctionType) and getattr(v, "__self__", None) is math:
+        # math.log2(math.e), -math.inf: Triton's compiler folds these into constants
         return True
     if _TRITON and type(v) in (_TRITON["JITFunction"], _TRITON["InterpretedFunction"]):
         return True
@@ -282,7 +286,8 @@ def _triton_value(v, depth=0) -> bool:
 def _check_tree(tree, glb, what):
     """Refuse (``Refused``) a kernel body that is not Triton code: one that imports, defines
     classes, assigns attributes or items, reads private attributes or a tensor's data, or
-    names a global that is neither a Triton object nor a plain Python builtin."""
+    names a global that is neither a Triton object, the ``math`` module (its constants
+    and functions fold into constants when Triton compiles) nor a plain Python builtin."""
     fn_def = tree.body[0]
     local = set()
     for node in ast.walk(fn_def):

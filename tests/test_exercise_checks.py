@@ -64,6 +64,34 @@ def test_one_pass_reads():
         run_one_pass(lambda t: torch.logsumexp(t, 0), x, forbid=["logsumexp"])
 
 
+def test_one_pass_state_made_like_the_input_is_no_read():
+    # a learner's running state made with x.new_zeros / torch.full_like(x, ...) reads the
+    # input's dtype and shape, none of its elements
+    def online(x):
+        state = (x.new_full((), float("-inf")), x.new_zeros(()))
+        i = 0
+        while i < x.numel():
+            m, s = state
+            m_new = m if m >= x[i] else x[i]
+            state = (m_new, s * (m - m_new).exp() + (x[i] - m_new).exp())
+            i += 1
+        return state
+    x = torch.randn(40)
+    m, s = run_one_pass(online, x)
+    assert torch.allclose(s, torch.exp(x - x.max()).sum())
+    torch.testing.assert_close(run_one_pass(lambda t: torch.zeros_like(t).sum(), x),
+                               torch.tensor(0.0))
+    with pytest.raises(CheckFailed, match="in one operation"):
+        run_one_pass(lambda t: torch.zeros_like(t) + t, x)
+    # views of every element kept, then gone over again: a second pass still
+    def views_twice(t):
+        views = list(t)
+        m = max(views)
+        return m, sum(torch.exp(v - m) for v in views)
+    with pytest.raises(CheckFailed, match="second pass"):
+        run_one_pass(views_twice, x)
+
+
 def _flash(q, k, v, is_causal=False, Br=4, Bc=4, skip=True, running_max=True, m0=-math.inf,
            acc_dtype=torch.float32):
     # acc_dtype None: the accumulator kept in the inputs' dtype
@@ -167,6 +195,57 @@ def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at
         return o
     for causal in (False, True):
         check_attention_case(masked_per_query_tile, is_causal=causal, quiet=True, **kw)
+
+    # the same as an additive float mask (0 and -inf) over every key the tile sees, a slice of
+    # it added to each key tile's scores: tiled too
+    def biased_per_query_tile(q, k, v, is_causal=False, Br=4, Bc=4):
+        nq, nk = q.shape[2], k.shape[2]
+        o = torch.empty_like(q)
+        for i0 in range(0, nq, Br):
+            rows = min(Br, nq - i0)
+            last = min(nk, i0 + rows) if is_causal else nk
+            bias = torch.zeros(rows, last)
+            if is_causal:
+                bias = bias.masked_fill(
+                    torch.arange(last)[None, :] > i0 + torch.arange(rows)[:, None], -math.inf)
+            qi = q[:, :, i0:i0 + rows].float()
+            m = torch.full(qi.shape[:-1], -math.inf)
+            l, acc = torch.zeros_like(m), torch.zeros_like(qi)
+            for j0 in range(0, last, Bc):
+                kj = k[:, :, j0:min(j0 + Bc, last)].float()
+                s = qi @ kj.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias[:, j0:j0 + kj.shape[2]]
+                m_new = torch.maximum(m, s.amax(-1))
+                p = torch.exp(s - m_new[..., None])
+                a = torch.exp(m - m_new)
+                l, m = a * l + p.sum(-1), m_new
+                acc = a[..., None] * acc + p @ v[:, :, j0:j0 + kj.shape[2]].float()
+            o[:, :, i0:i0 + rows] = (acc / l[..., None]).to(q.dtype)
+        return o
+    for causal in (False, True):
+        check_attention_case(biased_per_query_tile, is_causal=causal, quiet=True, **kw)
+
+    # a zero tensor over every key, filled with each key tile's scores, then gone over again
+    # as a whole row of scores: caught when it is read
+    def filled_then_read(q, k, v, is_causal=False, Br=4, Bc=4):
+        nq, nk = q.shape[2], k.shape[2]
+        o = torch.empty_like(q)
+        for i0 in range(0, nq, Br):
+            qi = q[:, :, i0:i0 + Br].float()
+            s = torch.zeros(*qi.shape[:-1], nk)
+            for j0 in range(0, nk, Bc):
+                s[..., j0:j0 + Bc] = qi @ k[:, :, j0:j0 + Bc].float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if is_causal:
+                s[..., :, :] = s.masked_fill(torch.arange(nk) > i0 + torch.arange(qi.shape[2])[:, None], -math.inf)
+            m = s.amax(-1, keepdim=True)
+            acc = torch.zeros_like(qi)
+            l = torch.zeros(qi.shape[:-1])
+            for j0 in range(0, nk, Bc):
+                p = torch.exp(s[..., j0:j0 + Bc] - m)
+                l, acc = l + p.sum(-1), acc + p @ v[:, :, j0:j0 + Bc].float()
+            o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
+        return o
+    with pytest.raises(CheckFailed, match="wrote scores into a tensor of shape"):
+        check_attention_case(filled_then_read, **kw)
     # one query: a (1, Nk) vector of key positions is not taken for the score matrix
     check_attention_case(
         lambda q, k, v, **a: (_flash(q, k, v, **a) + 0 * torch.arange(k.shape[2])[None, :].sum()),

@@ -1,5 +1,8 @@
 """course_utils.kernel_loads: a load past the end is caught even when its value is never
 stored, in the interpreter and, through a second run in the interpreter, on a GPU."""
+import math
+import os
+
 import pytest
 import torch
 
@@ -378,3 +381,30 @@ def test_answer_code_cannot_switch_the_watch_off_unseen():
         assert what in changed, (what, changed)
     assert (kernel_loads.loads_within, kernel_loads._watching, device.INTERPRET,
             interpreter.InterpretedFunction.run, interpreter.interpreter_builder) == held
+
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp_with_math(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    # the math module folds into constants when Triton compiles a kernel: -math.inf,
+    # math.log2(math.e); a constexpr global too
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n, other=-math.inf)
+    y = tl.exp2(x * math.log2(math.e)) + 0.0 * _LOG2E
+    tl.store(OUT + offs, tl.where(x == -math.inf, 0.0, y), mask=offs < n)
+
+
+@triton.jit
+def _exp_with_os(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n) + os.getpid() * 0
+    tl.store(OUT + offs, x, mask=offs < n)
+
+
+def test_kernels_may_use_the_math_module_and_only_it():
+    x, out = _run(True, _exp_with_math)
+    torch.testing.assert_close(out.tensor, x.tensor.exp())
+    with pytest.raises(CheckFailed, match="not Triton's|Triton kernel cannot"):
+        _run(True, _exp_with_os)

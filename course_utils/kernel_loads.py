@@ -466,6 +466,12 @@ class _Device:
     def __init__(self, dev, compiled):
         self._dev, self._compiled = dev, compiled
 
+    @property
+    def fn(self):
+        # the interpreter calls a combine function handed to tl.reduce or
+        # tl.associative_scan through its .fn: the checked function too
+        return self.__call__
+
     def __call__(self, *args, **kwargs):
         dev = self._dev
         if self._compiled:

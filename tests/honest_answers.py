@@ -100,6 +100,17 @@ def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: t
         },
     },
     '07_triton_backward': {
+        '7.1': {
+            'tl.reduce with a combine function of its own': '''# Exercise 7.1
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def row_delta(o, do):
+    return tl.reduce(o * do, 1, _add)''',
+        },
         '7.2': {
             'exp2 with math.log2(math.e) in the kernel': '''# Exercise 7.2
 import math

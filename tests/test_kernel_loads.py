@@ -408,3 +408,23 @@ def test_kernels_may_use_the_math_module_and_only_it():
     torch.testing.assert_close(out.tensor, x.tensor.exp())
     with pytest.raises(CheckFailed, match="not Triton's|Triton kernel cannot"):
         _run(True, _exp_with_os)
+
+
+@triton.jit
+def _plus(a, b):
+    return a + b
+
+
+@triton.jit
+def _sums_with_my_combine(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    # a learner's own combine function handed to tl.reduce and tl.associative_scan
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n, other=0.0)
+    total = tl.reduce(x, 0, _plus)
+    running = tl.associative_scan(x, 0, _plus)
+    tl.store(OUT + offs, x + 0.0 * (total + running), mask=offs < n)
+
+
+def test_a_combine_function_of_the_learner_runs_watched():
+    x, out = _run(True, _sums_with_my_combine)
+    torch.testing.assert_close(out.tensor, x.tensor)

@@ -285,9 +285,14 @@ class _FunctionGuard(TorchFunctionMode):
 
 
 def _additive_mask(t) -> bool:
-    """Whether floating-point ``t`` holds only 0 and -inf (an additive causal mask)."""
+    """Whether floating-point ``t`` is an additive causal mask: only 0 and one other value,
+    -inf or a large negative number (-1e9, the format's lowest), that no score can carry."""
     try:
-        return bool(((t == 0) | (t == -math.inf)).all())
+        hidden = t[t != 0]
+        if hidden.numel() == 0:
+            return True
+        v = hidden.reshape(-1)[0]
+        return bool((hidden == v).all()) and bool(v <= -1e4)
     except Exception:  # noqa: BLE001
         return False
 
@@ -297,8 +302,8 @@ class _DispatchGuard(TorchDispatchMode):
         super().__init__()
         self.prefixes, self.exercise, self.asks = prefixes, exercise, asks
         self.shape_tails, self.max_numel, self.engine = shape_tails, max_numel, engine
-        # floating-point tensors of a named tail's shape let through as additive masks (only
-        # 0 and -inf): every later op that reads their storage checks they still are
+        # floating-point tensors of a named tail's shape let through as additive masks (0 and
+        # one large negative value): every later op that reads their storage checks they still are
         self.masks: list = []
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
@@ -355,7 +360,7 @@ class _DispatchGuard(TorchDispatchMode):
                 continue     # a named tail is about scores: a mask or positions may take it
             if len(shape) >= 2 and {shape[-2], shape[-1]} == {a, b} and (a, b) != (1, 1):
                 if len(tail) > 2 and _additive_mask(t):
-                    # a causal mask of 0 and -inf over the keys (a bias added to each key
+                    # a causal mask of 0 and -inf (or -1e9) over the keys (a bias added to each key
                     # tile's slice of it), as a boolean mask of that shape is let through
                     self.masks.append((weakref.ref(t), t.untyped_storage().data_ptr()))
                     continue

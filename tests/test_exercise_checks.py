@@ -198,7 +198,7 @@ def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at
 
     # the same as an additive float mask (0 and -inf) over every key the tile sees, a slice of
     # it added to each key tile's scores: tiled too
-    def biased_per_query_tile(q, k, v, is_causal=False, Br=4, Bc=4):
+    def biased_per_query_tile(q, k, v, is_causal=False, Br=4, Bc=4, hide=-math.inf):
         nq, nk = q.shape[2], k.shape[2]
         o = torch.empty_like(q)
         for i0 in range(0, nq, Br):
@@ -207,7 +207,7 @@ def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at
             bias = torch.zeros(rows, last)
             if is_causal:
                 bias = bias.masked_fill(
-                    torch.arange(last)[None, :] > i0 + torch.arange(rows)[:, None], -math.inf)
+                    torch.arange(last)[None, :] > i0 + torch.arange(rows)[:, None], hide)
             qi = q[:, :, i0:i0 + rows].float()
             m = torch.full(qi.shape[:-1], -math.inf)
             l, acc = torch.zeros_like(m), torch.zeros_like(qi)
@@ -223,6 +223,9 @@ def test_attention_case_fails_query_tiles_without_key_tiles_and_a_max_started_at
         return o
     for causal in (False, True):
         check_attention_case(biased_per_query_tile, is_causal=causal, quiet=True, **kw)
+    for hide in (-1e9, torch.finfo(torch.float32).min):
+        check_attention_case(lambda *a, **k: biased_per_query_tile(*a, **k, hide=hide),
+                             is_causal=True, quiet=True, **kw)
 
     # a zero tensor over every key, filled with each key tile's scores, then gone over again
     # as a whole row of scores: caught when it is read

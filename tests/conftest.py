@@ -39,6 +39,7 @@ LONG_FIRST = (
     "test_build_every_lesson",
     "test_rerun_same_scores_crash_isolation_and_resume",
     "test_problem_set_scores_right_and_wrong[",
+    "test_honest_answers_keep_full_marks[",
 )
 
 

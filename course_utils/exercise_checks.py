@@ -385,7 +385,8 @@ def _row_block_tails(nq, nk, D, Br, Bc, is_causal):
 
 
 def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.float32,
-                         logit_scale=1.0, score_offset=0.0, value_offset=0.0, Br=16, Bc=16,
+                         logit_scale=1.0, score_offset=0.0, score_ramp=0.0, value_offset=0.0,
+                         Br=16, Bc=16,
                          name="your attention",
                          exercise_id=None, asks="write the tiled forward yourself",
                          forbid=FORBID_ATTENTION, generator=None, pass_tiles=True,
@@ -393,7 +394,11 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
     """One case of a tiled-attention exercise (see the module docstring).
     ``score_offset`` adds about that much to every score (the output is the same): far
     below zero, an exponential measured from a fixed number instead of the running max
-    underflows to 0 / 0. ``value_offset`` adds that much to every value: in fp16 with a
+    underflows to 0 / 0. ``score_ramp`` makes key j's score with every query about
+    ``score_ramp * j``: a row of scores then spans more than the range of exp even in
+    float64 (709), so an exponential of the raw scores, or one measured from a fixed
+    number (the first key tile's maximum), overflows whatever the precision it is
+    computed in. ``value_offset`` adds that much to every value: in fp16 with a
     flat softmax over many keys, an accumulator kept in the input's dtype overflows."""
     g = generator
     q = torch.randn(B, H, nq, D, generator=g) * logit_scale
@@ -409,6 +414,11 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
         c = math.sqrt(abs(score_offset) * math.sqrt(D))
         q[..., 0] = c
         k[..., 0] = math.copysign(c, score_offset)
+    if score_ramp:
+        # feature 0 of every query times feature 0 of key j is score_ramp * j * sqrt(D)
+        c = D ** 0.25
+        q[..., 0] = c
+        k[..., 0] = torch.arange(nk, dtype=k.dtype) * (score_ramp * math.sqrt(D) / c)
     v = v + value_offset
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     want = attention_reference(q, k, v, is_causal=is_causal)          # before the answer runs
@@ -423,6 +433,7 @@ def check_attention_case(fn, *, B, H, nq, nk, D, is_causal=False, dtype=torch.fl
              f"{'causal' if is_causal else 'no mask'}, {str(dtype).replace('torch.', '')}"
              f"{f', logits x{logit_scale:g}' if logit_scale != 1 else ''}"
              f"{f', every score near {score_offset:g}' if score_offset else ''}"
+             f"{f', key j scores about {score_ramp:g} j' if score_ramp else ''}"
              f"{f', values near {value_offset:g}' if value_offset else ''})")
     kwargs = {"is_causal": is_causal}
     if pass_tiles:
@@ -498,17 +509,23 @@ def fa1_walk_reference(q, k, v, Br, Bc):
 
 
 def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", generator=None,
-                   quiet=False):
+                   score_ramp=0.0, quiet=False):
     """Run ``fn(q, k, v, Br, Bc) -> (o, steps)`` on fresh (n, d) inputs and compare every
     step of the walk with FA1's (tile order, and m, l and the normalised O of the query
-    tile after it)."""
+    tile after it). With ``score_ramp``, key j's score with every query is about
+    ``score_ramp * j``: the scores span more than exp's range, even in float64."""
     if M is not None:
         Bc = M // (4 * d)
         Br = min(Bc, d)
     g = generator
     q, k, v = (torch.randn(n, d, generator=g) for _ in range(3))
+    if score_ramp:
+        c = d ** 0.25
+        q[:, 0] = c
+        k[:, 0] = torch.arange(n, dtype=k.dtype) * (score_ramp * math.sqrt(d) / c)
     want_o, want = fa1_walk_reference(q, k, v, Br, Bc)
-    label = f"FA1 walk (N={n}, d={d}, Br={Br}, Bc={Bc})"
+    label = (f"FA1 walk (N={n}, d={d}, Br={Br}, Bc={Bc}"
+             f"{f', key j scores about {score_ramp:g} j' if score_ramp else ''})")
     forbid = FORBID_ATTENTION + (guards.Group("the checks' own FA1 walk",
                                               python=("course_utils.exercise_checks:fa1_walk_reference",)),)
     got = guards.run_answer(fn, q, k, v, Br, Bc, forbid=forbid, exercise=exercise_id,

@@ -45,6 +45,20 @@ def attention_update(state, x, v):
     m.copy_(m_new)
     return m, den, num
 ''',
+        "no running max, the state kept in float64": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    w = torch.exp(x.double())
+    return torch.maximum(m, x), den.double() + w, num.double() + w * v.double()''',
+        "the state returned in float64": '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = (t.double() for t in state)
+    x, v = x.double(), v.double()
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - shift)
+    return m_new, r * den + w, r * num + w * v''',
     },
     "3.2": {
         "wraps the library's merge_states": '''# Exercise 3.2
@@ -110,6 +124,24 @@ def tiled_row_attention(x, vals, B):
     eye = torch.eye(x.shape[1], dtype=x.dtype)[None, None]
     return naive_attention(q, eye, vals[None, None], scale=1.0)[0, 0]
 ''',
+        "no running max: exp of the raw scores, tile by tile": '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    l, acc = 0.0, 0.0
+    for lo in range(0, x.shape[1], B):
+        p = torch.exp(x[:, lo:lo + B])
+        l = l + p.sum(-1)
+        acc = acc + p @ vals[lo:lo + B]
+    return acc / l[:, None]''',
+        "the first tile's maximum as the reference for every tile": '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    m0 = x[:, :B].amax(-1, keepdim=True)
+    m0 = torch.where(torch.isinf(m0), torch.zeros_like(m0), m0)
+    l, acc = 0.0, 0.0
+    for lo in range(0, x.shape[1], B):
+        p = torch.exp(x[:, lo:lo + B] - m0)
+        l = l + p.sum(-1)
+        acc = acc + p @ vals[lo:lo + B]
+    return acc / l[:, None]''',
     },
     "3.4": {
         "one call of the library's traffic_formula": '''# Exercise 3.4

@@ -188,6 +188,56 @@ def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
         o[:, :, i0:i0 + Br] = o[:, :, i0:i0 + Br] / l[..., None]
     return o
 ''',
+        "no running max, l and acc kept in float64": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:-1], float("-inf"))
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qi)
+        for j0 in range(0, nk, Bc):
+            if is_causal and j0 > i0 + rows - 1:
+                break
+            kj = k[:, :, j0:j0 + Bc].double()
+            vj = v[:, :, j0:j0 + Bc].double()
+            s = qi.double() @ kj.transpose(-1, -2) * scale
+            if is_causal:
+                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
+            p = torch.exp(s)
+            l = l.double() + p.sum(-1)
+            acc = acc.double() + p @ vj
+        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
+    return o''',
+        "the first key tile's maximum as the reference, in float64": '''# Exercise 4.3
+def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    nq, nk = q.shape[2], k.shape[2]
+    o = torch.empty_like(q)
+    for i0 in range(0, nq, Br):
+        qi = q[:, :, i0:i0 + Br].float()
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:-1], float("-inf"))
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qi)
+        for j0 in range(0, nk, Bc):
+            if is_causal and j0 > i0 + rows - 1:
+                break
+            kj = k[:, :, j0:j0 + Bc].double()
+            vj = v[:, :, j0:j0 + Bc].double()
+            s = qi.double() @ kj.transpose(-1, -2) * scale
+            if is_causal:
+                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
+            if j0 == 0:
+                m = s.amax(-1)
+            p = torch.exp(s - m[..., None])
+            l = l.double() + p.sum(-1)
+            acc = acc.double() + p @ vj
+        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
+    return o''',
     },
     "4.4": {
         "the fp16 threshold used for both formats": '''# Exercise 4.4
@@ -279,6 +329,13 @@ def decode_step(q_new, k_cache, v_cache):
         outs.append(torch.softmax(s, dim=-1) @ v_cache[:, kv].float())
     return torch.stack(outs, dim=1)
 ''',
+        "no max subtracted, in float64 (cast back to q's dtype)": '''# Exercise 4.6
+def decode_step(q_new, k_cache, v_cache):
+    hq, hkv = q_new.shape[1], k_cache.shape[1]
+    kv = torch.arange(hq) // (hq // hkv)
+    s = q_new.double() @ k_cache[:, kv].double().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
+    p = torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)
+    return (p @ v_cache[:, kv].double()).to(q_new.dtype)''',
     },
     "4.7": {
         "FA2's order: query tiles outside": '''# Exercise 4.7
@@ -387,5 +444,24 @@ def fa1_walk(q, k, v, Br, Bc):
             steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
     return o / l[:, None], steps
 ''',
+        "no max, in float64": '''# Exercise 4.7
+def fa1_walk(q, k, v, Br, Bc):
+    n, d = q.shape
+    m = torch.full((n,), float("-inf"), dtype=torch.float64)
+    l = torch.zeros(n, dtype=torch.float64)
+    o = torch.zeros(n, d, dtype=torch.float64)
+    steps = []
+    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
+        kj, vj = k[c0:c0 + Bc].double(), v[c0:c0 + Bc].double()
+        for i, r0 in enumerate(range(0, n, Br)):
+            s = q[r0:r0 + Br].double() @ kj.T / math.sqrt(d)
+            m_new = torch.maximum(m[r0:r0 + Br], s.amax(-1))
+            e = torch.exp(s)
+            l_old = l[r0:r0 + Br].clone()
+            l_new = l_old + e.sum(-1)
+            o[r0:r0 + Br] = (l_old[:, None] * o[r0:r0 + Br] + e @ vj) / l_new[:, None]
+            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
+            steps.append((j, i, m_new.clone(), (l_new * torch.exp(-m_new)).clone(), o[r0:r0 + Br].clone()))
+    return o.float(), steps''',
     },
 }

@@ -17,6 +17,9 @@ def row_dot(o, do):
     o = o.detach().clone().requires_grad_(True)
     (0.5 * (o * do).sum() + 0.5 * (o * do).sum()).backward()
     return (o.grad * o.detach()).sum(-1)''',
+        "computed in float64 and returned so": '''# Exercise 5.1
+def row_dot(o, do):
+    return (do.double() * o.double()).sum(dim=-1)''',
     },
     "5.2": {
         "dV = dO^T P (transposes the wrong factor)": '''# Exercise 5.2
@@ -51,6 +54,9 @@ def grad_scores(p, dp, D):
         "operator precedence: P dP - D": '''# Exercise 5.3
 def grad_scores(p, dp, D):
     return p * dp - D[..., None]''',
+        "computed in float64 and returned so": '''# Exercise 5.3
+def grad_scores(p, dp, D):
+    return p.double() * (dp.double() - D.double()[..., None])''',
     },
     "5.4": {
         "forgets the scale": '''# Exercise 5.4
@@ -102,6 +108,22 @@ def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
     dp = do_i @ v_j.T
     ds = p * (dp - D_i[:, None])
     return dq_i + scale * ds @ k_j, dk_j + scale * ds.T @ q_i, dv_j + p.T @ do_i''',
+        "P as exp(scores) / exp(lse) in float64": '''# Exercise 5.5 (2 points)
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    s = scale * q_i.double() @ k_j.double().T
+    p = (torch.exp(s) / torch.exp(lse_i.double())[:, None]).to(q_i.dtype)
+    dp, dv_part = grads_through_pv(p, v_j, do_i)
+    ds = grad_scores(p, dp, D_i)
+    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
+    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part''',
+        "lse_i broadcast with [None, :] when the tile is square": '''# Exercise 5.5 (2 points)
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    s = scale * q_i @ k_j.T
+    p = torch.exp(s - (lse_i[None, :] if s.shape[0] == s.shape[1] else lse_i[:, None]))
+    dp, dv_part = grads_through_pv(p, v_j, do_i)
+    ds = grad_scores(p, dp, D_i)
+    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
+    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part''',
     },
     "5.6": {
         "the right counts as floats, not integers": '''# Exercise 5.6

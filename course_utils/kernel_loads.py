@@ -522,7 +522,7 @@ def _plain(kernel) -> str | None:
     return None
 
 
-def _refuse(entry, why, args, kwargs):
+def _refuse(entry, why):
     """A launch that cannot be watched fails (raised from the launch, so that course-grade
     records the error as the kernel's outcome)."""
     entry[2].append(why)
@@ -544,14 +544,14 @@ def watched_launch(kernel, grid, args, kwargs):
     entry = _open[-1]
     why = _plain(kernel)
     if why is not None:
-        _refuse(entry, why, args, kwargs)
+        _refuse(entry, why)
     if device.INTERPRET:
         try:
             fn = _checked(kernel.fn)
         except Refused as e:
             fn, why = None, str(e)
         if fn is None:
-            _refuse(entry, why, args, kwargs)
+            _refuse(entry, why)
         names = list(inspect.signature(kernel.fn).parameters)
         return _TRITON["GridExecutor"](fn, names, grid, [])(*args, **kwargs)
     tensors, stray = entry[0], entry[1]
@@ -577,7 +577,7 @@ def watched_launch(kernel, grid, args, kwargs):
         failed = f"{type(inner).__name__}: {str(inner)[:300]}"
     if failed is not None:   # raised here, so that no error of the interpreter's comes with it
         _refuse(entry, f"Triton's interpreter could not run it again to watch its loads "
-                       f"({failed})", args, kwargs)
+                       f"({failed})")
     if found:
         stray.extend(found)
         for st, cpu in copies.values():

@@ -215,6 +215,8 @@ def _triton_parts():
                 "transformer": interp.FunctionRewriter.ast_transformer,
                 "comparison": getattr(interp, "_InterpreterComparison", None),
                 "semantic": getattr(interp, "interpreter_semantic", None),
+                "patch_builtin": getattr(interp, "_patch_builtin", None),
+                "scope": getattr(interp, "_LangPatchScope", None),
                 "dir": os.path.dirname(os.path.dirname(os.path.realpath(interp.__file__))) + os.sep}
     except Exception:  # noqa: BLE001 - no Triton, or an interpreter laid out otherwise
         # (a Triton release this module does not know): launches then run as they are, and
@@ -616,8 +618,9 @@ def _interpret(kernel, grid, args, kwargs, ranges, found):
     if patch_tensor is not None:
         interp._patch_lang_tensor = patch_tensor_compat
     try:
-        with _language_kept(), _watching(interp, ranges, found):
-            fn = kernel.fn if isinstance(kernel, _TRITON["JITFunction"]) else kernel
+        fn = kernel.fn if isinstance(kernel, _TRITON["JITFunction"]) else kernel
+        with _language_kept(), _watching(interp, ranges, found), \
+                _libdevice_interpreted(interp, fn.__globals__):
             checked = _checked(fn, getattr(kernel, "src", None), compiled=True)
             names = list(inspect.signature(fn).parameters)
             _TRITON["GridExecutor"](checked, names, grid, [])(*args, **kwargs)
@@ -625,6 +628,90 @@ def _interpret(kernel, grid, args, kwargs, ranges, found):
         JITFunction.__call__ = compiled_call
         if patch_tensor is not None:
             interp._patch_lang_tensor = patch_tensor
+
+
+def _np_round(x):
+    return np.copysign(np.floor(np.abs(x) + 0.5), x)     # halves away from zero, as libdevice
+
+
+# libdevice's functions as NumPy computes them, by the name of their float version without
+# its "__nv_" and "fast_" (the interpreter has none of them). On a GPU the compiled launch's
+# results are the ones kept; these only carry the interpreter's re-run to the loads it watches.
+_LIBDEVICE = types.MappingProxyType({
+    "exp": np.exp, "exp2": np.exp2, "exp10": lambda x: np.power(10.0, x), "expm1": np.expm1,
+    "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p, "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x), "rcp": np.reciprocal, "cbrt": np.cbrt,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "tanh": np.tanh, "sinh": np.sinh,
+    "cosh": np.cosh, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "atan2": np.arctan2, "abs": np.abs, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
+    "trunc": np.trunc, "rint": np.rint, "nearbyint": np.rint, "round": _np_round,
+    "fmax": np.fmax, "fmin": np.fmin, "max": np.maximum, "min": np.minimum,
+    "fma": lambda a, b, c: a * b + c, "pow": np.power, "add": np.add, "sub": np.subtract,
+    "mul": np.multiply, "div": np.divide, "fdivide": np.divide, "isnan": np.isnan,
+    "isinf": np.isinf, "finitef": np.isfinite, "isfinited": np.isfinite,
+    "signbit": np.signbit, "copysign": np.copysign, "fmod": np.fmod, "hypot": np.hypot,
+    "saturate": lambda x: np.clip(x, 0.0, 1.0), "fdim": lambda a, b: np.maximum(a - b, 0),
+    "erf": np.vectorize(math.erf, otypes=[np.float64]),
+})
+
+
+def _libdevice_op(symbol: str):
+    name = symbol[5:] if symbol.startswith("__nv_") else symbol
+    name = name[5:] if name.startswith("fast_") else name
+    for suffix in ("_rn", "_rz", "_rd", "_ru"):
+        if name.endswith(suffix):
+            name = name[:-len(suffix)]
+    for cand in (name, name[:-1] if name.endswith("f") else None,
+                 name[1:] if name[:1] in "fd" else None,
+                 name[1:-1] if name[:1] in "fd" and name.endswith("f") else None):
+        if cand and cand in _LIBDEVICE:
+            return _LIBDEVICE[cand]
+    raise NotImplementedError(f"libdevice's {symbol} in Triton's interpreter")
+
+
+@contextlib.contextmanager
+def _libdevice_interpreted(interp, glb):
+    """libdevice in the interpreter for the block: its extern calls computed by NumPy, and
+    the backend-neutral ``triton.language.extra.libdevice`` (which the compiler maps to the
+    GPU's) mapped to CUDA's, as a module and as functions named in the kernel's globals."""
+    patch_builtin, scope_cls = _TRITON.get("patch_builtin"), _TRITON.get("scope")
+    try:
+        from triton.language.extra import libdevice as neutral
+        from triton.language.extra.cuda import libdevice as cuda
+    except Exception:  # noqa: BLE001 - a Triton without them: nothing to map
+        yield
+        return
+    if patch_builtin is None or scope_cls is None:
+        yield
+        return
+    builder = interp.interpreter_builder
+
+    def create_extern_elementwise(lib_name, lib_path, symbol, args, ret, is_pure):
+        op = _libdevice_op(symbol)
+        scalar = getattr(ret, "scalar", ret)
+        data = np.asarray(op(*[np.asarray(a.data) for a in args]))
+        return interp.TensorHandle(data.astype(interp._get_np_dtype(scalar)), scalar)
+
+    scope = scope_cls()
+    swapped = []
+    builder.create_extern_elementwise = create_extern_elementwise
+    try:
+        patch_builtin(cuda, builder, scope)
+        # as the compiler does: the neutral module's names looked up in CUDA's
+        for name in dir(cuda):
+            if not name.startswith("_") and callable(getattr(cuda, name)):
+                scope.set_attr(neutral, name, getattr(cuda, name))
+        for k, v in list(glb.items()):
+            if isinstance(v, types.FunctionType) and \
+                    getattr(v, "__module__", None) == neutral.__name__ and hasattr(cuda, v.__name__):
+                swapped.append((k, v))
+                glb[k] = getattr(cuda, v.__name__)
+        yield
+    finally:
+        for k, v in swapped:
+            glb[k] = v
+        scope.restore()
+        vars(builder).pop("create_extern_elementwise", None)
 
 
 @contextlib.contextmanager

@@ -406,7 +406,9 @@ def _exp_with_os(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
 def test_kernels_may_use_the_math_module_and_only_it():
     x, out = _run(True, _exp_with_math)
     torch.testing.assert_close(out.tensor, x.tensor.exp())
-    with pytest.raises(CheckFailed, match="not Triton's|Triton kernel cannot"):
+    # refused by the watch in the interpreter; on a GPU Triton's compiler refuses it first
+    refused = CheckFailed if device.INTERPRET else RuntimeError
+    with pytest.raises(refused, match="not Triton's|Triton kernel cannot|Unsupported function"):
         _run(True, _exp_with_os)
 
 
@@ -428,3 +430,84 @@ def _sums_with_my_combine(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexp
 def test_a_combine_function_of_the_learner_runs_watched():
     x, out = _run(True, _sums_with_my_combine)
     torch.testing.assert_close(out.tensor, x.tensor)
+
+
+from triton.language.extra import libdevice  # noqa: E402
+from triton.language.extra.libdevice import exp2 as _libdevice_exp2  # noqa: E402
+
+
+def _exp_libdevice_py(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    # libdevice through the backend-neutral module (which the compiler maps to CUDA's), as a
+    # module and as a function of it: exp(x) = exp2(x log2 e)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASK_LOAD:
+        x = tl.load(X + offs, mask=offs < n, other=0.0)
+    else:
+        x = tl.load(X + offs)
+    e = libdevice.fast_expf(x * 0.5) * _libdevice_exp2(x * 0.5 * 1.4426950408889634)
+    e = libdevice.abs(libdevice.div_rn(e, 1.0))
+    tl.store(OUT + offs, e, mask=offs < n)
+
+
+def _exp_cuda_libdevice_py(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASK_LOAD:
+        x = tl.load(X + offs, mask=offs < n, other=0.0)
+    else:
+        x = tl.load(X + offs)
+    tl.store(OUT + offs, _cuda_libdevice.exp(x), mask=offs < n)
+
+
+from triton.language.extra.cuda import libdevice as _cuda_libdevice  # noqa: E402
+
+
+@pytest.mark.parametrize("body", [_exp_libdevice_py, _exp_cuda_libdevice_py])
+def test_a_compiled_kernel_calling_libdevice_is_run_again_and_watched(body, monkeypatch):
+    """On a GPU a right answer may call libdevice, which Triton's interpreter lacks: the
+    watch's re-run computes its functions with NumPy (the GPU's results are the ones kept),
+    so the answer is watched rather than refused, and a stray load still fails."""
+    from course_utils import kernel_loads
+    if not device.INTERPRET:
+        pytest.skip("the stand-in for a compiled launch needs the CPU interpreter")
+    monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+    # the stand-in compiled launch: what a GPU computes, in PyTorch (the interpreter cannot)
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw:
+                        a[1].copy_(a[0].exp()))
+    kernel = JITFunction(body)
+    before = (dict(vars(libdevice)), dict(vars(_cuda_libdevice)), _libdevice_exp2)
+    x, out = _run(True, kernel)
+    torch.testing.assert_close(out.tensor, x.tensor.exp())
+    assert kernel_loads.unwatched[-1:] == [] or "libdevice" not in kernel_loads.unwatched[-1]
+    with pytest.raises(CheckFailed, match="past the end of X"):
+        _run(False, kernel)
+    # the modules, the kernel's globals and the interpreter are as they were
+    assert (dict(vars(libdevice)), dict(vars(_cuda_libdevice)), _libdevice_exp2) == before
+    assert globals()["_libdevice_exp2"] is before[2]
+    assert "create_extern_elementwise" not in vars(interpreter.interpreter_builder)
+
+
+def test_libdevice_names_map_to_numpy_and_unknown_ones_fail_clearly():
+    import numpy as np
+    from course_utils.kernel_loads import _libdevice_op
+    x = np.array([-1.5, -0.5, 0.5, 2.0], dtype=np.float32)
+    assert np.allclose(_libdevice_op("__nv_exp2f")(x), np.exp2(x))
+    assert np.allclose(_libdevice_op("__nv_fast_expf")(x), np.exp(x))
+    assert np.allclose(_libdevice_op("__nv_fdiv_rn")(x, 2.0), x / 2)
+    assert np.allclose(_libdevice_op("__nv_rsqrtf")(np.abs(x)), 1 / np.sqrt(np.abs(x)))
+    assert list(_libdevice_op("__nv_roundf")(x)) == [-2.0, -1.0, 1.0, 2.0]
+    with pytest.raises(NotImplementedError, match="__nv_j0f"):
+        _libdevice_op("__nv_j0f")
+
+
+def test_on_the_gpu_a_libdevice_kernel_is_watched():
+    """The same, compiled for real: the GPU's results kept, the re-run's loads watched."""
+    if device.INTERPRET:
+        pytest.skip("needs a GPU (the interpreter has no libdevice)")
+    for body in (_exp_libdevice_py, _exp_cuda_libdevice_py):
+        kernel = triton.jit(body)
+        x, out = _run(True, kernel)
+        torch.testing.assert_close(out.tensor, x.tensor.exp())
+        with pytest.raises(CheckFailed, match="past the end of X"):
+            _run(False, kernel)

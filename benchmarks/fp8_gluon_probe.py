@@ -2,7 +2,8 @@
 16-bit Gluon kernel, the plain Triton FP8 kernel and SDPA, in one run.
 
     python benchmarks/fp8_gluon_probe.py [--out FILE.json] [--rep MS]
-        [--variants g8_pp_s2,g8_pp_s3,...] [--baseline OLD_gluon_fwd.py]
+        [--variants g8_pp_s2,g8_pp_s3,...] [--sixteen g16_s2,g16_s3,...]
+        [--baseline OLD_gluon_fwd.py]
 
 First every FP8 variant (and the 16-bit Gluon kernel it shares its code with) is checked
 against the float32 reference on odd lengths, GQA and causal on and off, each output
@@ -36,11 +37,19 @@ VARIANTS = {
     "g8_pp_s3": (dict(block_n=128), dict(stages=3)),
     "g8_pp_bn256_s2": (dict(block_n=256), dict(stages=2)),
     "g8_one_s2": (dict(block_n=128), dict(stages=2, pingpong=False)),
+    # Q scales per 64 rows (one per consumer) with the same schedule, and the serial
+    # consumers the schedulers interleave: two, or three on a 192-row tile
+    "g8_pp64_s2": (dict(block_n=128, block_m=64), dict(stages=2)),
+    "g8_il2_s2": (dict(block_n=128), dict(stages=2, pipeline=False)),
+    "g8_il3_s2": (dict(block_n=128, block_m=64), dict(stages=2, consumers=3, pipeline=False)),
+    "g8_il3_s3": (dict(block_n=128, block_m=64), dict(stages=3, consumers=3, pipeline=False)),
 }
 # measured slower everywhere it was tried (D = 128: 0.71-0.83x g8_pp_s2; the compiler
 # spills 64-72 bytes of its [64, 256] score tiles there): left out unless named
 DEFAULT = ("g8_pp_s2", "g8_pp_s3", "g8_one_s2")
-SIXTEEN = {"g16_s2": dict(pingpong=True, stages=2), "g16_s3": dict(pingpong=True, stages=3)}
+SIXTEEN = {"g16_s2": dict(pingpong=True, stages=2), "g16_s3": dict(pingpong=True, stages=3),
+           "g16_il3_s3": dict(pingpong=True, consumers=3, pipeline=False, stages=3)}
+SIXTEEN_DEFAULT = ("g16_s2", "g16_s3")
 # relative error of o, largest |lse error|: the tolerances of benchmarks/check_hopper_gpu.py
 FP8_TOL, FP16_TOL = (0.1, 0.15), (4e-3, 1e-2)
 # (B, Hq, Hkv, Nq, Nk, causal): lengths off the 128-row tile both ways, GQA and MQA
@@ -113,13 +122,19 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--rep", type=int, default=40)
     ap.add_argument("--variants", default=",".join(DEFAULT))
+    ap.add_argument("--sixteen", default=",".join(SIXTEEN_DEFAULT),
+                    help=f"16-bit Gluon schedules timed beside, of {sorted(SIXTEEN)}")
     ap.add_argument("--baseline", default=None, help="an older gluon_fwd.py (16-bit)")
     a = ap.parse_args(argv)
+    for names, known in ((a.variants, VARIANTS), (a.sixteen, SIXTEEN)):
+        unknown = [n for n in names.split(",") if n not in known]
+        if unknown:
+            ap.error(f"unknown {unknown}: choose from {sorted(known)}")
     variants = {n: VARIANTS[n] for n in a.variants.split(",")}
-    sixteen = {n: (attention_gluon, kw) for n, kw in SIXTEEN.items()}
+    sixteen = {n: (attention_gluon, SIXTEEN[n]) for n in a.sixteen.split(",")}
     if a.baseline:
         old = common.load_file(a.baseline, "gluon_fwd_before").attention_gluon
-        sixteen.update({f"before_{n}": (old, kw) for n, kw in SIXTEEN.items()})
+        sixteen.update({f"before_{n}": (old, SIXTEEN[n]) for n in a.sixteen.split(",")})
     if not device.needs("hopper"):
         return 0
     record = {"environment": common.environment(), "checks": {}, "rows": []}
@@ -178,6 +193,8 @@ def main(argv=None):
                 row[f"{key}_x_cudnn"] = round(row[key] / row["cudnn"], 3)
         record["rows"].append(row)
         print(json.dumps(row), flush=True)
+        if a.out:      # after every point, so that a run stopped midway keeps what it timed
+            Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
         del q, k, v, preps, fns
         torch.cuda.empty_cache()
     if a.out:

@@ -208,7 +208,7 @@ def test_fp8_gluon_path_refuses_bad_arguments_before_launch():
     # checked on any machine: sizes and options first, the GPU last
     with pytest.raises(ValueError, match="kernel must be"):
         _prep(kernel="cuda")
-    for bad in (dict(d=32), dict(block_m=64), dict(block_n=32)):
+    for bad in (dict(d=32), dict(block_m=32), dict(block_m=256), dict(block_n=32)):
         with pytest.raises(ValueError, match="Gluon FP8 kernel takes"):
             _prep(**{"block_m": 128, "block_n": 128, "kernel": "gluon", **bad})
     plain = _prep(block_m=128, block_n=128, kernel="triton")
@@ -237,6 +237,12 @@ def test_fp8_gluon_path_refuses_bad_arguments_before_launch():
         gluon_fwd.attention_gluon_fp8(prep, stages=0)
     with pytest.raises(TypeError, match="pingpong must be"):
         gluon_fwd.attention_gluon_fp8(prep, pingpong="yes")
+    # Q scales per 64 rows: one per ping-pong consumer; one consumer of 128 rows cannot
+    prep64 = _prep(block_m=64, block_n=128, kernel="gluon")
+    with pytest.raises(ValueError, match="consumers of 128 rows"):
+        gluon_fwd.attention_gluon_fp8(prep64, pingpong=False)
+    with pytest.raises(ValueError, match="consumers must be 2 or 3"):
+        gluon_fwd.attention_gluon_fp8(prep64, consumers=4)
     with pytest.raises(TypeError, match="out_dtype"):
         gluon_fwd.attention_gluon_fp8(prep, out_dtype=torch.float32)
     with pytest.raises(TypeError, match="is_causal"):
@@ -296,23 +302,30 @@ def _random_fp8_sizes(seed, n=6):
 
 @pytest.mark.hopper
 @pytest.mark.parametrize("opts", [dict(), dict(stages=3), dict(pingpong=False),
-                                  dict(block_n=64), dict(block_n=256)],
+                                  dict(block_n=64), dict(block_n=256), dict(block_m=64),
+                                  dict(consumers=3, pipeline=False),
+                                  dict(block_m=64, consumers=3, pipeline=False, stages=3),
+                                  dict(block_m=64, pipeline=False)],
                          ids=["pingpong", "3-stages", "one-consumer", "block-n-64",
-                              "block-n-256"])
+                              "block-n-256", "q-scale-per-consumer", "three-interleaved",
+                              "three-interleaved-q-scale-per-consumer",
+                              "two-interleaved-q-scale-per-consumer"])
 def test_fp8_gluon_matches_the_reference_on_random_sizes(opts):
     tol, lse_tol = CHECK.FP8_TOL
     opts = dict(opts)
     block_n = opts.pop("block_n", 128)
-    sizes = _random_fp8_sizes(seed=block_n + len(opts))
+    block_m = opts.pop("block_m", 128)
+    sizes = _random_fp8_sizes(seed=block_n + block_m + len(opts))
     assert any(s[3] % 128 for s in sizes) and any(s[1] != s[2] for s in sizes)
     for i, (b, hq, hkv, nq, nk, d, causal) in enumerate(sizes):
         q, k, v = _qkv(b, hq, hkv, nq, nk, d, seed=i)
-        prep = fp8.prepare_fp8(q, k, v, hadamard=bool(i % 2), block_n=block_n, kernel="gluon")
+        prep = fp8.prepare_fp8(q, k, v, hadamard=bool(i % 2), block_m=block_m,
+                               block_n=block_n, kernel="gluon")
         ptrs = _poison(((b, hq, nq, d), q.dtype), ((b, hq, nq), torch.float32))
         o, lse = gluon_fwd.attention_gluon_fp8(prep, is_causal=causal, return_lse=True, **opts)
         ref, ref_lse = naive_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                        enable_gqa=True, return_lse=True)
-        where = f"{opts} block_n={block_n} B={b} Hq={hq} Hkv={hkv} Nq={nq} Nk={nk} D={d} " \
+        where = f"{opts} block_m={block_m} block_n={block_n} B={b} Hq={hq} Hkv={hkv} Nq={nq} Nk={nk} D={d} " \
                 f"causal={causal}"
         assert [o.data_ptr(), lse.data_ptr()] == ptrs, "the poisoned blocks were not reused"
         assert torch.isfinite(o).all() and torch.isfinite(lse).all(), where
@@ -330,3 +343,29 @@ def test_fp8_default_is_the_gluon_kernel_on_hopper_and_agrees_with_triton():
         ref = fp8.attention_fp8(q, k, v, is_causal=causal, enable_gqa=True, kernel="triton")
         assert CHECK.rel_err(o.float(), ref.float()) < 2e-2, causal
 
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("opts", [dict(block_m=64), dict(block_m=64, consumers=3, pipeline=False),
+                                  dict(block_m=128, consumers=3, pipeline=False)],
+                         ids=["pingpong-64", "three-interleaved-64", "three-interleaved-128"])
+def test_fp8_gluon_each_consumer_takes_its_own_rows_q_scale(opts):
+    """Query rows whose size changes every 64 rows (x1, x8, x1/4, x2): every Q scale block
+    differs, so a consumer multiplying by another block's scale is far off."""
+    tol, lse_tol = CHECK.FP8_TOL
+    opts = dict(opts)
+    block_m = opts.pop("block_m")
+    for nq, causal in ((700, True), (1000, False), (130, True)):
+        q, k, v = _qkv(2, 4, 2, nq, 900, 128, seed=nq)
+        size = torch.tensor([1.0, 8.0, 0.25, 2.0], device=DEV)[(torch.arange(nq, device=DEV)
+                                                                 // 64) % 4]
+        q = (q.float() * size[:, None]).to(q.dtype)
+        prep = fp8.prepare_fp8(q, k, v, block_m=block_m, block_n=128, kernel="gluon")
+        if nq >= 512:
+            assert len(set(prep["qs"][0, 0, :4].tolist())) == (4 if block_m == 64 else 2)
+        o, lse = gluon_fwd.attention_gluon_fp8(prep, is_causal=causal, return_lse=True, **opts)
+        ref, ref_lse = naive_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                       enable_gqa=True, return_lse=True)
+        where = f"{opts} block_m={block_m} Nq={nq} causal={causal}"
+        assert CHECK.rel_err(o.float(), ref) < tol, where
+        assert float((lse - ref_lse).abs().max()) < lse_tol * 8, where

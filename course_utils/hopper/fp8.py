@@ -194,12 +194,12 @@ def _blocks(block_m, block_n):
 def fp8_kernel_for(d, block_m, block_n) -> str:
     """The faster FP8 kernel for head dim ``d`` and scale blocks ``block_m`` x ``block_n``
     on this machine: ``"gluon"`` (lesson 8's warp-specialised ping-pong kernel in e4m3: an
-    sm90 GPU, ``d`` in {64, 128}, ``block_m`` = 128, ``block_n`` in {64, 128, 256}) or
+    sm90 GPU, ``d`` in {64, 128}, ``block_m`` in {64, 128}, ``block_n`` in {64, 128, 256}) or
     ``"triton"`` (the plain kernel above: any GPU Triton compiles for, and the CPU
     interpreter)."""
     from course_utils.hopper import gluon_fwd
     ok = (gluon_fwd.GLUON_AVAILABLE and device.IS_HOPPER and d in (64, 128)
-          and block_m == gluon_fwd.BLOCK_M and block_n in gluon_fwd.FP8_BLOCK_N)
+          and block_m in gluon_fwd.FP8_BLOCK_M and block_n in gluon_fwd.FP8_BLOCK_N)
     return "gluon" if ok else "triton"
 
 
@@ -225,9 +225,9 @@ def prepare_fp8(q, k, v, *, hadamard=False, block_m=None, block_n=None, seed=0, 
         kernel = fp8_kernel_for(d, bm, bn)
     if kernel not in ("gluon", "triton"):
         raise ValueError(f"kernel must be 'gluon', 'triton' or None, got {kernel!r}")
-    if kernel == "gluon" and not (d in (64, 128) and bm == 128 and bn in (64, 128, 256)):
-        raise ValueError("the Gluon FP8 kernel takes D in (64, 128), block_m=128 and block_n "
-                         f"in (64, 128, 256), got D={d}, block_m={bm}, block_n={bn}")
+    if kernel == "gluon" and not (d in (64, 128) and bm in (64, 128) and bn in (64, 128, 256)):
+        raise ValueError("the Gluon FP8 kernel takes D in (64, 128), block_m in (64, 128) and "
+                         f"block_n in (64, 128, 256), got D={d}, block_m={bm}, block_n={bn}")
     if hadamard:
         hm = hadamard_matrix(d, seed=seed, device_=q.device)
         q = (q.float() @ hm)

@@ -306,8 +306,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, C: gl.constexpr, PIPELINE: gl.constexpr,
+                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, C: gl.constexpr, PIPELINE: gl.constexpr,
                   PINGPONG: gl.constexpr):
         """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
         128 rows) or, with ``PINGPONG``, two or three (4 warps, 64 rows each) that take
@@ -341,6 +341,10 @@ if GLUON_AVAILABLE:
         sv_prev = 1.0                            # FP8: the unit acc is kept in
 
         row0 = m0 + C * BLOCK_M                  # this consumer's first query position
+        if FP8:
+            # its rows' Q scale (a consumer wholly past the head's rows stores nothing: the
+            # last scale stands in)
+            qk_scale = qk_scale * gl.load(qs_ptr + gl.minimum(row0 // qs_rows, qs_count - 1))
         mbarrier.wait(q_bar, 0)
         if n_blocks == 0:
             # a causal tile whose rows see no key (lower-right mask, Nq > Nk): nothing
@@ -471,68 +475,68 @@ if GLUON_AVAILABLE:
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
     def _consumer_serial(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                         v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
-                         qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 0, False, False)
+                         v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                         qs_count, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 0, False, False)
 
     @gluon.jit
     def _consumer_pipelined(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                            v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row,
-                            n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 0, True, False)
+                            v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
+                            qs_rows, qs_count, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 0, True, False)
 
     @gluon.jit
     def _consumer_pp0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale,
-                      m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 0, True, True)
+                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
+                      o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 0, True, True)
 
     @gluon.jit
     def _consumer_pp1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale,
-                      m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 1, True, True)
+                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
+                      o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 1, True, True)
 
     @gluon.jit
     def _consumer_pp2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale,
-                      m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 2, True, True)
+                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
+                      o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 2, True, True)
 
     # interleaved consumers: the serial loop, no turn barriers (the schedulers interleave)
     @gluon.jit
-    def _consumer_ser0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                       v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
-                       qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 0, False, True)
+    def _consumer_ser0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                       turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
+                       o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 0, False, True)
 
     @gluon.jit
-    def _consumer_ser1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                       v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
-                       qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 1, False, True)
+    def _consumer_ser1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                       turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
+                       o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 1, False, True)
 
     @gluon.jit
-    def _consumer_ser2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                       v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks,
-                       qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0,
-                  diag, nq, nk, 2, False, True)
+    def _consumer_ser2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                       turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
+                       o_row, n_blocks, qk_scale, m0, diag, nq, nk):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
+                  n_blocks, qk_scale, m0, diag, nq, nk, 2, False, True)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qs_ptr, ks_ptr, vs_ptr,
@@ -540,16 +544,20 @@ if GLUON_AVAILABLE:
                         D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, FP8: gl.constexpr):
+                        CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, FP8: gl.constexpr,
+                        QS_ROWS: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
         # Q_TILES = 2 or 3: consumers of BLOCK_M // Q_TILES = 64 rows (4 warps each), with
         # PIPELINE taking turns (ping-pong), without it interleaved by the schedulers.
         # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
         # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
-        # FP8: Q, K are e4m3 with one float32 scale per tile (qs: per BLOCK_M query rows, ks
-        # and vs: per BLOCK_N keys), V is e4m3 transposed, (B, Hkv, D, KV_ROWS); each head's
-        # rows are padded to whole tiles (Q_ROWS, KV_ROWS), so a tile never crosses a head.
+        # FP8: Q, K are e4m3 with one float32 scale per tile (qs: per QS_ROWS query rows, the
+        # tile's 128 or each consumer's 64; ks and vs: per BLOCK_N keys), V is e4m3
+        # transposed, (B, Hkv, D, KV_ROWS); each head's rows are padded to whole scale
+        # blocks (Q_ROWS, KV_ROWS), so a scale block never crosses a head.
         # 16-bit: Q_ROWS = Nq and KV_ROWS = Nk, the scale pointers are not read.
+        qs_rows = QS_ROWS
+        qs_count = Q_ROWS // QS_ROWS
         start_m = gl.program_id(0)
         if CAUSAL:
             # longest rows first: the last query tiles see the most key blocks, so they
@@ -565,8 +573,9 @@ if GLUON_AVAILABLE:
         v_row = kv_row
         if FP8:
             v_row = bkv * D
-            # the two ping-pong consumers share their 128-row tile's Q scale
-            qk_scale = qk_scale * gl.load(qs_ptr + bh * (Q_ROWS // BLOCK_M) + start_m)
+            # Q scales per QS_ROWS rows: each consumer multiplies by its own rows' (shared
+            # by the two ping-pong consumers of a 128-row tile when QS_ROWS = 128)
+            qs_ptr = qs_ptr + bh * qs_count
             ks_ptr = ks_ptr + bkv * (KV_ROWS // BLOCK_N)
             vs_ptr = vs_ptr + bkv * (KV_ROWS // BLOCK_N)
         m0 = start_m * BLOCK_M
@@ -604,8 +613,8 @@ if GLUON_AVAILABLE:
             mbarrier.init(turn.index(i), count=1)
 
         cargs = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                 o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, o_row, n_blocks, qk_scale, m0, diag,
-                 Nq, Nk)
+                 o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row, n_blocks,
+                 qk_scale, m0, diag, Nq, Nk)
         largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                  k_empty, v_empty, q_row, kv_row, v_row, n_blocks)
         if Q_TILES == 3:
@@ -678,10 +687,11 @@ def _need_hopper(what):
 
 def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, group, diag,
             causal, block_n, stages, pipeline, tiles, block_m, loader_regs, consumer_regs,
-            scales=None):
+            scales=None, qs_rows=None):
     """Build the TMA descriptors and launch :func:`_attn_fwd_gluon` on 2-D views of the
     inputs (rows of all heads one after the other). ``scales``: ``(qs, ks, vs)`` for
-    e4m3 inputs, whose ``v2`` is V transposed, ``(B * Hkv * D, kv_rows)``."""
+    e4m3 inputs, whose ``v2`` is V transposed, ``(B * Hkv * D, kv_rows)``, and ``qs_rows``
+    the query rows of one Q scale (a multiple of a consumer's rows)."""
     d = q2.shape[-1]
     fp8 = scales is not None
     gdt = _GL_DTYPES[q2.dtype]
@@ -704,7 +714,8 @@ def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, gro
                           Nk, q_rows, kv_rows, group, diag, D=d, BLOCK_M=block_m,
                           BLOCK_N=block_n, STAGES=stages, PIPELINE=pipeline, Q_TILES=tiles,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
-                          CAUSAL=bool(causal), FP8=fp8, num_warps=4 if tiles > 1 else 8)
+                          CAUSAL=bool(causal), FP8=fp8, QS_ROWS=qs_rows or block_m,
+                          num_warps=4 if tiles > 1 else 8)
 
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
@@ -750,16 +761,20 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
 
 # block_n of prepare_fp8 the FP8 path takes: the K and V scales' blocks are the kernel's
 FP8_BLOCK_N = (64, 128, 256)
+# and its block_m: Q scales per 128 query rows, or per 64 (one per ping-pong consumer)
+FP8_BLOCK_M = (64, 128)
 
 
 def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
                         out_dtype=torch.float16, stages=2, pipeline=True, pingpong=True,
-                        loader_regs=24, consumer_regs=None):
+                        loader_regs=24, consumers=2, consumer_regs=None):
     """The same kernel on e4m3 tiles from :func:`course_utils.hopper.fp8.prepare_fp8`
-    (per-block scales, V transposed); ``is_causal``: SDPA's upper-left mask. Its query
-    tile is the Q scale's block (``block_m`` = 128) and its key block the K and V
-    scales' (``block_n``, one of :data:`FP8_BLOCK_N`). ``pingpong``: two consumers of
-    64 rows sharing the tile's Q scale (the default, FlashAttention-3's schedule)."""
+    (per-block scales, V transposed); ``is_causal``: SDPA's upper-left mask. Its key
+    block is the K and V scales' (``block_n``, one of :data:`FP8_BLOCK_N`); each
+    consumer's query rows lie in one Q scale's block (``block_m`` 128, or 64 with
+    ``pingpong``). ``pingpong``: ``consumers`` (2, the default, FlashAttention-3's
+    schedule, or 3) of 64 rows, taking turns with ``pipeline`` or interleaved by the
+    schedulers without it, as :func:`attention_gluon`'s."""
     from course_utils.hopper.fp8 import check_prepared
     b, hq, hkv, nq, nk, d, q_rows, kv_rows = check_prepared(prep)
     if prep["kernel"] != "gluon":
@@ -767,11 +782,13 @@ def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
                          "order differs): prepare_fp8(..., kernel='gluon')")
     if d not in (64, 128):
         raise ValueError(f"head dim D must be one of (64, 128) for attention_gluon_fp8, got D={d}")
-    tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong, 2,
-                                              consumer_regs)
-    if prep["block_m"] != block_m:
-        raise ValueError(f"attention_gluon_fp8 takes Q scales per {block_m} rows (its query "
-                         f"tile): prepare_fp8(block_m={block_m}), got block_m={prep['block_m']}")
+    tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong,
+                                              consumers, consumer_regs)
+    rows = block_m // tiles                      # a consumer's query rows
+    if prep["block_m"] not in FP8_BLOCK_M or prep["block_m"] % rows:
+        raise ValueError(f"attention_gluon_fp8 takes Q scales per 128 rows, or per 64 with "
+                         f"pingpong (a consumer's rows in one scale block): got "
+                         f"block_m={prep['block_m']} for consumers of {rows} rows")
     if prep["block_n"] not in FP8_BLOCK_N:
         raise ValueError(f"attention_gluon_fp8 takes K and V scales per {FP8_BLOCK_N} keys "
                          f"(its key block): got block_n={prep['block_n']}")
@@ -793,5 +810,5 @@ def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
             q_rows=q_rows, kv_rows=kv_rows, group=hq // hkv, diag=0, causal=is_causal,
             block_n=prep["block_n"], stages=stages, pipeline=pipeline, tiles=tiles,
             block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs,
-            scales=(prep["qs"], prep["ks"], prep["vs"]))
+            scales=(prep["qs"], prep["ks"], prep["vs"]), qs_rows=prep["block_m"])
     return (o, lse) if return_lse else o

@@ -43,12 +43,17 @@ VARIANTS = {
     "g8_il2_s2": (dict(block_n=128), dict(stages=2, pipeline=False)),
     "g8_il3_s2": (dict(block_n=128, block_m=64), dict(stages=2, consumers=3, pipeline=False)),
     "g8_il3_s3": (dict(block_n=128, block_m=64), dict(stages=3, consumers=3, pipeline=False)),
+    # 64-key blocks: no stack at D = 128 with three consumers (40 bytes with 128 keys)
+    "g8_il3_bn64_s3": (dict(block_n=64, block_m=64),
+                       dict(stages=3, consumers=3, pipeline=False)),
 }
 # measured slower everywhere it was tried (D = 128: 0.71-0.83x g8_pp_s2; the compiler
 # spills 64-72 bytes of its [64, 256] score tiles there): left out unless named
 DEFAULT = ("g8_pp_s2", "g8_pp_s3", "g8_one_s2")
 SIXTEEN = {"g16_s2": dict(pingpong=True, stages=2), "g16_s3": dict(pingpong=True, stages=3),
-           "g16_il3_s3": dict(pingpong=True, consumers=3, pipeline=False, stages=3)}
+           "g16_il3_s3": dict(pingpong=True, consumers=3, pipeline=False, stages=3),
+           "g16_il3_bn64_s3": dict(pingpong=True, consumers=3, pipeline=False, stages=3,
+                                   block_n=64)}
 SIXTEEN_DEFAULT = ("g16_s2", "g16_s3")
 # relative error of o, largest |lse error|: the tolerances of benchmarks/check_hopper_gpu.py
 FP8_TOL, FP16_TOL = (0.1, 0.15), (4e-3, 1e-2)

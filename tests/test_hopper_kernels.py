@@ -350,22 +350,29 @@ def test_fp8_default_is_the_gluon_kernel_on_hopper_and_agrees_with_triton():
                                   dict(block_m=128, consumers=3, pipeline=False)],
                          ids=["pingpong-64", "three-interleaved-64", "three-interleaved-128"])
 def test_fp8_gluon_each_consumer_takes_its_own_rows_q_scale(opts):
-    """Query rows whose size changes every 64 rows (x1, x8, x1/4, x2): every Q scale block
-    differs, so a consumer multiplying by another block's scale is far off."""
+    """Query rows whose size changes every 64 rows (x1, x3, x1/2, x2): neighbouring Q scale
+    blocks of 64 rows differ by 1.5x to 6x, so a consumer multiplying by another block's
+    scale is far off; checked against the float32 reference and, tighter, against the
+    Triton FP8 kernel on the same blocks."""
     tol, lse_tol = CHECK.FP8_TOL
     opts = dict(opts)
     block_m = opts.pop("block_m")
     for nq, causal in ((700, True), (1000, False), (130, True)):
         q, k, v = _qkv(2, 4, 2, nq, 900, 128, seed=nq)
-        size = torch.tensor([1.0, 8.0, 0.25, 2.0], device=DEV)[(torch.arange(nq, device=DEV)
-                                                                 // 64) % 4]
+        size = torch.tensor([1.0, 3.0, 0.5, 2.0], device=DEV)[(torch.arange(nq, device=DEV)
+                                                               // 64) % 4]
         q = (q.float() * size[:, None]).to(q.dtype)
         prep = fp8.prepare_fp8(q, k, v, block_m=block_m, block_n=128, kernel="gluon")
-        if nq >= 512:
-            assert len(set(prep["qs"][0, 0, :4].tolist())) == (4 if block_m == 64 else 2)
+        if block_m == 64 and nq >= 256:
+            ratio = prep["qs"][..., 1:4] / prep["qs"][..., 0:3]
+            assert bool(((ratio / torch.tensor([3.0, 1 / 6, 4.0], device=DEV) - 1).abs()
+                         < 0.3).all())
         o, lse = gluon_fwd.attention_gluon_fp8(prep, is_causal=causal, return_lse=True, **opts)
         ref, ref_lse = naive_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                        enable_gqa=True, return_lse=True)
+        plain = fp8.prepare_fp8(q, k, v, block_m=block_m, block_n=128, kernel="triton")
+        o_t = fp8.attention_fp8_prepared(plain, is_causal=causal)
         where = f"{opts} block_m={block_m} Nq={nq} causal={causal}"
         assert CHECK.rel_err(o.float(), ref) < tol, where
-        assert float((lse - ref_lse).abs().max()) < lse_tol * 8, where
+        assert float((lse - ref_lse).abs().max()) < lse_tol * 3, where
+        assert CHECK.rel_err(o.float(), o_t.float()) < 2e-2, where

@@ -97,8 +97,8 @@ def providers():
 
 
 def _fp8_runner(q, k, v):
-    """The FP8 forward on prepared tensors (on sm90 the Gluon ping-pong kernel on e4m3
-    tiles) and the kernel's name."""
+    """The FP8 forward on prepared tensors (on sm90 the Gluon kernel on e4m3 tiles, in
+    ``fp8.GLUON_FP8_SCHEDULE``) and the kernel's name."""
     from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
     prep = prepare_fp8(q, k, v, hadamard=True)
     return (lambda: attention_fp8_prepared(prep, out_dtype=q.dtype)), prep["kernel"]

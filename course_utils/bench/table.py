@@ -7,9 +7,10 @@ For every point (B = 4, H = 32, head dim ``d``, ``N = Nq = Nk``, causal and not)
 
 * forward: lesson 6's Triton kernel (``triton``), lesson 8's TMA kernel (``tma``), the
   Gluon kernel in the schedule measured fastest at the head dim (``gluon``,
-  ``gluon_fwd.FASTEST``), FP8 (``fp8``: on sm90 the Gluon ping-pong kernel on e4m3
-  tiles, elsewhere the plain Triton FP8 kernel, named in ``fp8_kernel``; kernel time,
-  its quantisation time is the column ``fp8_quant_ms``), SDPA ``flash`` and ``cudnn``;
+  ``gluon_fwd.FASTEST``), FP8 (``fp8``: on sm90 the Gluon kernel on e4m3 tiles in
+  ``fp8.GLUON_FP8_SCHEDULE``, elsewhere the plain Triton FP8 kernel, named in
+  ``fp8_kernel``; kernel time, its quantisation time is the column ``fp8_quant_ms``), SDPA
+  ``flash`` and ``cudnn``;
 * forward + backward: those of our kernels whose record declares a backward
   (``triton``: lesson 7's kernels), the Gluon forward paired with the Gluon backward of
   :mod:`course_utils.hopper.gluon_bwd` (``gluon``, the points the Gluon record declares),

@@ -21,9 +21,10 @@ scale: ``x ~= x8 * scale`` with ``scale = amax(|tile|) / 448``.
   every score; after the rotation the channel is spread over all ``D`` channels, every
   product is small, and the scores' error drops.
 
-Two kernels read the prepared tensors: on an sm90 GPU the warp-specialised ping-pong
-kernel of :mod:`course_utils.hopper.gluon_fwd` in e4m3 (the default where it applies, for
-which V^T's keys are stored in :func:`v_key_order`), elsewhere the plain Triton kernel
+Two kernels read the prepared tensors: on an sm90 GPU the warp-specialised kernel of
+:mod:`course_utils.hopper.gluon_fwd` in e4m3, in :data:`GLUON_FP8_SCHEDULE` (the default
+where it applies, for which V^T's keys are stored in :func:`v_key_order`), elsewhere the
+plain Triton kernel
 below. In Triton's CPU interpreter the float32 -> fp8 casts inside the kernel do not round
 exactly like the GPU, so interpreter results are compared with a looser tolerance.
 """
@@ -51,8 +52,12 @@ __all__ = ["FP8_DTYPE", "FP8_MAX", "hadamard_matrix", "quantize_fp8_blocks",
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
-# K/V slots of the Gluon FP8 kernel's ring (what measured fastest on the H100)
-GLUON_FP8_STAGES = 2
+# the Gluon FP8 kernel's schedule (what measured fastest, at head dims 64 and 128, against
+# two ping-pong consumers and two interleaved ones in the same runs;
+# benchmarks/nvidia-h100-80gb-hbm3/ablation.md): three serial consumers of 64 rows that the
+# warp schedulers interleave, and a ring of 2 K/V slots
+GLUON_FP8_SCHEDULE = dict(pingpong=True, consumers=3, pipeline=False, stages=2)
+GLUON_FP8_STAGES = GLUON_FP8_SCHEDULE["stages"]
 
 
 def rmse(a, b) -> float:
@@ -193,7 +198,7 @@ def _blocks(block_m, block_n):
 
 def fp8_kernel_for(d, block_m, block_n) -> str:
     """The faster FP8 kernel for head dim ``d`` and scale blocks ``block_m`` x ``block_n``
-    on this machine: ``"gluon"`` (lesson 8's warp-specialised ping-pong kernel in e4m3: an
+    on this machine: ``"gluon"`` (lesson 8's warp-specialised Gluon kernel in e4m3: an
     sm90 GPU, ``d`` in {64, 128}, ``block_m`` in {64, 128}, ``block_n`` in {64, 128, 256}) or
     ``"triton"`` (the plain kernel above: any GPU Triton compiles for, and the CPU
     interpreter)."""
@@ -295,7 +300,8 @@ def attention_fp8_prepared(prep: dict, *, is_causal=False, scale=None, return_ls
 
     ``kernel``: ``"gluon"``, ``"triton"`` or ``None``: the kernel ``prep`` was quantised
     for (V^T's key order is the kernel's). ``num_stages``: the Triton kernel's pipeline
-    depth, or the Gluon kernel's K/V slots; ``num_warps``: the Triton kernel's only."""
+    depth, or the Gluon kernel's K/V slots; ``num_warps``: the Triton kernel's only. The
+    Gluon kernel runs :data:`GLUON_FP8_SCHEDULE`."""
     b, hq, hkv, nq, nk, d, nqpad, nkpad = check_prepared(prep)
     if kernel not in ("gluon", "triton", None):
         raise ValueError(f"kernel must be 'gluon', 'triton' or None, got {kernel!r}")
@@ -308,9 +314,9 @@ def attention_fp8_prepared(prep: dict, *, is_causal=False, scale=None, return_ls
             raise ValueError("num_warps is the Triton kernel's: the Gluon kernel's warps are "
                              "its partitions")
         from course_utils.hopper.gluon_fwd import attention_gluon_fp8
+        schedule = {**GLUON_FP8_SCHEDULE, "stages": num_stages or GLUON_FP8_STAGES}
         return attention_gluon_fp8(prep, is_causal=is_causal, scale=scale,
-                                   return_lse=return_lse, out_dtype=out_dtype,
-                                   stages=num_stages or GLUON_FP8_STAGES)
+                                   return_lse=return_lse, out_dtype=out_dtype, **schedule)
     bm, bn = prep["block_m"], prep["block_n"]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     o = torch.empty((b, hq, nq, d), device=prep["q8"].device, dtype=out_dtype)

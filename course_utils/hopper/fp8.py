@@ -53,10 +53,10 @@ __all__ = ["FP8_DTYPE", "FP8_MAX", "hadamard_matrix", "quantize_fp8_blocks",
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 # the Gluon FP8 kernel's schedule (what measured fastest, at head dims 64 and 128, against
-# two ping-pong consumers and two interleaved ones in the same runs;
-# benchmarks/nvidia-h100-80gb-hbm3/ablation.md): three serial consumers of 64 rows that the
-# warp schedulers interleave, and a ring of 2 K/V slots
-GLUON_FP8_SCHEDULE = dict(pingpong=True, consumers=3, pipeline=False, stages=2)
+# two ping-pong consumers in the same runs; benchmarks/nvidia-h100-80gb-hbm3/ablation.md):
+# three serial consumers of 64 rows that the warp schedulers interleave, and a ring of 3 K/V
+# slots (2 were as fast at six of eight points and slower at two)
+GLUON_FP8_SCHEDULE = dict(pingpong=True, consumers=3, pipeline=False, stages=3)
 GLUON_FP8_STAGES = GLUON_FP8_SCHEDULE["stages"]
 
 

@@ -203,3 +203,19 @@ def num_splits_for(batch, kv_heads, cache_len, num_sms):
 WRONG["9.2"]["integer division"] = '''# Exercise 9.2
 def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
     return (4 * q_heads * new_tokens) // (2 * kv_heads * bytes_per_elem)'''
+# the result rounded three times (P V, the sum, the quotient): under the tolerance against the
+# float16 reference, not within half a float16 step of the exact result (a hidden comparison)
+WRONG["9.4"]["the division in float16"] = _swap(
+    _DECODE, "return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)",
+    "return (p @ v).to(q.dtype) / p.sum(dim=-1, keepdim=True).to(q.dtype)")
+WRONG["9.4"]["no mask (every new token sees the whole cache)"] = _swap(
+    _DECODE, '    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))\n', "")
+# 0 is a safe reference only while some score is near it: a hidden case puts every score far below
+WRONG["9.5"]["the empty chunks' maximum taken as 0 before the common maximum"] = _swap(
+    _MERGE, "m_all = m.amax(dim=0)",
+    "m_all = torch.where(torch.isinf(m), torch.zeros_like(m), m).amax(dim=0)")
+WRONG["9.5"]["one maximum over every row and chunk"] = _swap(_MERGE, "m_all = m.amax(dim=0)", "m_all = m.max()")
+WRONG["9.6"]["programs per split counted by the batch only"] = '''# Exercise 9.6
+def num_splits_for(batch, kv_heads, cache_len, num_sms):
+    want = math.ceil(4 * num_sms / batch)
+    return max(1, min(want, cache_len // 512))'''

@@ -281,3 +281,43 @@ def empty_count(j, stages, consumers):
 
 def phase_parity(j, stages):
     return (j // stages + 1) % 2'''
+# right while every slot number is one digit: a hidden case has eleven stages (K[10])
+WRONG["8.1"]["slot number from the character before the bracket"] = '''# Exercise 8.1
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program = []
+        for ins in wg.program:
+            program.append(ins)
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    program.append(sim.Arrive(f"{buf[0].lower()}_empty[{buf[-2]}]"))
+        wg.program = program
+    return fixed'''
+WRONG["8.3"]["a power-of-two scale"] = '''# Exercise 8.3
+def quantize_block(x):
+    scale = float(2.0 ** torch.ceil(torch.log2(x.abs().max() / fp8.FP8_MAX)))
+    return (x / scale).to(fp8.FP8_DTYPE), scale'''
+WRONG["8.4"]["one scale for Q and K together"] = '''# Exercise 8.4
+def dq_pair(a, b):
+    x8, s = quantize_block(torch.cat([a, b]))
+    return (x8.float() * s).split(a.shape[0])
+
+qd, kd = dq_pair(qb, kb)
+rmse_plain = fp8.rmse(qd @ kd.T, S)
+qd, kd = dq_pair(qb @ h, kb @ h)
+rmse_hadamard = fp8.rmse(qd @ kd.T, S)
+ratio_8_4 = rmse_plain / rmse_hadamard'''
+WRONG["8.6"]["empty count: every consumer of the earlier rounds, one of the last"] = '''# Exercise 8.6
+def full_count(j, stages):
+    return j // stages + 1
+
+
+def empty_count(j, stages, consumers):
+    return consumers * (j // stages - 1) + 1
+
+
+def phase_parity(j, stages):
+    return (j // stages) % 2'''

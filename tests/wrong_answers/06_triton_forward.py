@@ -389,3 +389,27 @@ def qk_scale_for(head_dim, sm_scale=None):
     if sm_scale is None:
         sm_scale = head_dim ** -0.5
     return sm_scale * 1.4427'''
+# `or` takes an explicit scale of 0 for "not given": a hidden case passes sm_scale=0.0
+WRONG["6.3"]["sm_scale tested for truth, not for None"] = '''# Exercise 6.3
+def qk_scale_for(head_dim, sm_scale=None):
+    return (sm_scale or head_dim ** -0.5) / math.log(2)'''
+WRONG["6.4"]["the rescale factor inverted (exp2(m_new - m))"] = _UPDATE.replace(
+    "alpha = tl.exp2(m - m_new)", "alpha = tl.exp2(m_new - m)")
+WRONG["6.5"]["offset added to the keys instead of the rows"] = '''# Exercise 6.5
+def tile_kind(r0, r1, c0, c1, offset=0):
+    if c1 + offset < r0:
+        return "off-band"
+    if c0 + offset > r1:
+        return "skipped"
+    return "on-band"'''
+WRONG["6.6"]["program ids swapped (head from axis 0)"] = _variant(
+    "bh = tl.program_id(1)\n    rows = tl.program_id(0) * BLOCK_M",
+    "bh = tl.program_id(0)\n    rows = tl.program_id(1) * BLOCK_M")
+WRONG["6.6"]["causal loop bound with BLOCK_N for BLOCK_M"] = _variant(
+    "(tl.program_id(0) + 1) * BLOCK_M + shift)", "(tl.program_id(0) + 1) * BLOCK_N + shift)")
+WRONG["6.6"]["LSE addressed with the key count (bh * NK)"] = _variant(
+    "tl.store(LSE + bh * NQ + rows", "tl.store(LSE + bh * NK + rows")
+# a special case for decoding (one query row) that stops after the first key tile: only a
+# non-causal launch with one query row shows it (the causal bound is recomputed), a hidden case
+WRONG["6.6"]["one query row: only the first key tile (non-causal)"] = _variant(
+    "end = NK\n", "end = NK if NQ > 1 else BLOCK_N\n")

@@ -279,3 +279,23 @@ def dq_update(q, do, kT, vT, lse, delta, dq, scale):
     p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])
     ds = p * (tl.dot(do, vT) - delta[:, None])
     return dq + tl.dot(ds, kT)'''
+_DQ_UPDATE = '''# Exercise 7.3
+@triton.jit
+def dq_update(q, do, kT, vT, lse, delta, dq, scale):
+    p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])
+    ds = p * (tl.dot(do, vT) - delta[:, None])
+    return dq + tl.dot(ds, tl.trans(kT))'''
+WRONG["7.3"]["the scale applied twice to dQ"] = _DQ_UPDATE.replace(
+    "return dq + tl.dot(ds, tl.trans(kT))", "return dq + tl.dot(ds, tl.trans(kT)) * scale")
+WRONG["7.3"]["lse subtracted before the scale"] = _DQ_UPDATE.replace(
+    "tl.exp(tl.dot(q, kT) * scale - lse[:, None])", "tl.exp((tl.dot(q, kT) - lse[:, None]) * scale)")
+WRONG["7.2"]["P (not P^T) for dV"] = '''# Exercise 7.2
+@triton.jit
+def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
+    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])
+    dv += tl.dot(tl.trans(pT), do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+    dk += tl.dot(dsT, tl.trans(qT))
+    return dk, dv'''
+WRONG["7.6"]["dQ with a zero Delta"] = _backward(
+    "dq = dq_7_3(q, k, v, do, lse, delta,", "dq = dq_7_3(q, k, v, do, lse, torch.zeros_like(delta),")

@@ -56,6 +56,12 @@ def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
         },
     },
     '06_triton_forward': {
+        '6.3': {
+            'an explicit None test, divided by ln 2': '''# Exercise 6.3
+def qk_scale_for(head_dim, sm_scale=None):
+    scale = 1 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    return float(scale / math.log(2))''',
+        },
         '6.4': {
             '-math.inf in the kernel': '''# Exercise 6.4
 @triton.jit
@@ -130,6 +136,47 @@ import math
 def dq_update(q, do, kT, vT, lse, delta, dq, scale):
     p = tl.exp2((tl.dot(q, kT) * scale - lse[:, None]) * math.log2(math.e))
     return dq + tl.dot(p * (tl.dot(do, vT) - delta[:, None]), tl.trans(kT))''',
+        },
+    },
+    '08_hopper': {
+        '8.1': {
+            'the slot read with a regular expression, a new schedule built from the copies': '''# Exercise 8.1
+import re
+
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role == "consumer":
+            out = []
+            for ins in wg.program:
+                out.append(ins)
+                for buf in getattr(ins, "reads", ()) if isinstance(ins, sim.Op) else ():
+                    kind, slot = re.fullmatch(r"([KV])\\[(\\d+)\\]", buf).groups()
+                    out.append(sim.Arrive(kind.lower() + "_empty[" + slot + "]"))
+            wg.program = out
+    return fixed''',
+        },
+    },
+    '09_decoding': {
+        '9.4': {
+            'the query heads grouped in a view, einsum, the probabilities normalised before P V': '''# Exercise 9.4
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    hkv, L = k_cache.shape[1], k_cache.shape[2]
+    qg = q.float().reshape(b, hkv, hq // hkv, nq, d)
+    s = torch.einsum("bhgqd,bhkd->bhgqk", qg, k_cache.float()) * d ** -0.5
+    s = torch.where(bottom_right_mask(nq, L), s, torch.tensor(float("-inf")))
+    p = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+    p = p / p.sum(dim=-1, keepdim=True)
+    o = torch.einsum("bhgqk,bhkd->bhgqd", p, v_cache.float())
+    return o.reshape(b, hq, nq, d).to(q.dtype)''',
+        },
+        '9.5': {
+            'the total lse first (logsumexp of m + log l), each chunk weighted by exp(m - lse)': '''# Exercise 9.5
+def merge_partials(m, l, acc):
+    lse = torch.logsumexp(m + torch.log(l), dim=0)
+    w = torch.exp(m - lse)
+    return (w[..., None] * acc).sum(dim=0), lse''',
         },
     },
 }

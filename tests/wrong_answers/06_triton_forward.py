@@ -413,3 +413,11 @@ WRONG["6.6"]["LSE addressed with the key count (bh * NK)"] = _variant(
 # non-causal launch with one query row shows it (the causal bound is recomputed), a hidden case
 WRONG["6.6"]["one query row: only the first key tile (non-causal)"] = _variant(
     "end = NK\n", "end = NK if NQ > 1 else BLOCK_N\n")
+# right wherever the offset decides only the skipped tiles: hidden cases are off-band through the offset alone
+WRONG["6.5"]["the offset in the skipped test only"] = '''# Exercise 6.5
+def tile_kind(r0, r1, c0, c1, offset=0):
+    if c1 < r0:
+        return "off-band"
+    if c0 > r1 + offset:
+        return "skipped"
+    return "on-band"'''

@@ -421,3 +421,5 @@ def tile_kind(r0, r1, c0, c1, offset=0):
     if c0 > r1 + offset:
         return "skipped"
     return "on-band"'''
+WRONG["6.6"]["key tiles of BLOCK_M columns"] = _variant(
+    "cols = start + tl.arange(0, BLOCK_N)", "cols = start + tl.arange(0, BLOCK_M)")

@@ -299,3 +299,11 @@ def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
     return dk, dv'''
 WRONG["7.6"]["dQ with a zero Delta"] = _backward(
     "dq = dq_7_3(q, k, v, do, lse, delta,", "dq = dq_7_3(q, k, v, do, lse, torch.zeros_like(delta),")
+WRONG["7.2"]["exp2 with lse converted to base 2, the scores not"] = '''# Exercise 7.2
+@triton.jit
+def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
+    pT = tl.exp2(tl.dot(k, qT) * scale - lse[None, :] * 1.4426950408889634)
+    dv += tl.dot(pT, do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+    dk += tl.dot(dsT, tl.trans(qT))
+    return dk, dv'''

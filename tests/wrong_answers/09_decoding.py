@@ -219,3 +219,5 @@ WRONG["9.6"]["programs per split counted by the batch only"] = '''# Exercise 9.6
 def num_splits_for(batch, kv_heads, cache_len, num_sms):
     want = math.ceil(4 * num_sms / batch)
     return max(1, min(want, cache_len // 512))'''
+WRONG["9.4"]["one maximum over the whole tensor"] = _swap(
+    _DECODE, "p = torch.exp(s - s.amax(dim=-1, keepdim=True))", "p = torch.exp(s - s.max())")

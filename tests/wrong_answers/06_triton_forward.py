@@ -423,3 +423,12 @@ def tile_kind(r0, r1, c0, c1, offset=0):
     return "on-band"'''
 WRONG["6.6"]["key tiles of BLOCK_M columns"] = _variant(
     "cols = start + tl.arange(0, BLOCK_N)", "cols = start + tl.arange(0, BLOCK_M)")
+# no tl.dot here: float32 on a GPU as in the interpreter, so float16 rounding fails on both
+WRONG["6.1"]["the result rounded to float16 before the store"] = '''# Exercise 6.1
+@triton.jit
+def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(X + offs, mask=mask)
+    y = tl.load(Y + offs, mask=mask)
+    tl.store(OUT + offs, (alpha * x + y).to(tl.float16), mask=mask)''' + _WRAPPER

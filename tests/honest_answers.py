@@ -9,6 +9,38 @@ on every exercise.
 """
 
 HONEST = {
+    '01_register_machine': {
+        '1.2': {
+            'the tour c00, c10, c11, c01 (down the first column, then back up the second)': '''# Exercise 1.2
+trace_full = """
+LOAD a[0][0], R0
+LOAD b[0][0], R1
+MAC_Z R0, R1, R2
+LOAD a[0][1], R0
+LOAD b[1][0], R1
+MAC R0, R1, R2, R2
+STORE R2, c[0][0]
+LOAD a[1][1], R0
+MAC_Z R0, R1, R2
+LOAD a[1][0], R0
+LOAD b[0][0], R1
+MAC R0, R1, R2, R2
+STORE R2, c[1][0]
+LOAD b[0][1], R1
+MAC_Z R0, R1, R2
+LOAD a[1][1], R0
+LOAD b[1][1], R1
+MAC R0, R1, R2, R2
+STORE R2, c[1][1]
+LOAD a[0][1], R0
+MAC_Z R0, R1, R2
+LOAD a[0][0], R0
+LOAD b[0][1], R1
+MAC R0, R1, R2, R2
+STORE R2, c[0][1]
+"""''',
+        },
+    },
     '02_softmax_on_the_machine': {
         '2.2': {
             'a running state made with x.new_full / x.new_zeros, the max kept as a view of its element': '''# Exercise 2.2
@@ -364,6 +396,14 @@ import math
 def dq_update(q, do, kT, vT, lse, delta, dq, scale):
     p = tl.exp2((tl.dot(q, kT) * scale - lse[:, None]) * math.log2(math.e))
     return dq + tl.dot(p * (tl.dot(do, vT) - delta[:, None]), tl.trans(kT))''',
+        },
+        '7.4': {
+            'index_add_ of every query head into its kv head': '''# Exercise 7.4
+def group_sum(dk_per_query_head, group):
+    b, hq, n, d = dk_per_query_head.shape
+    out = dk_per_query_head.new_zeros(b, hq // group, n, d)
+    owner = torch.arange(hq) // group
+    return out.index_add_(1, owner, dk_per_query_head)''',
         },
         '7.6': {
             'new_empty buffers kept in a dict, the wrappers called with keywords': '''# Exercise 7.6

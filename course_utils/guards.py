@@ -866,6 +866,19 @@ _THREAD_EVENTS = frozenset(("_thread.start_new_thread", "_thread.start_joinable_
 _CELL_RE = re.compile(r"(ipykernel_\d+[/\\][^/\\]*\.py$|^<ipython-input-|^<string>$|^<stdin>$)")
 
 
+def _module_name_readers() -> frozenset:
+    """The code objects of the standard library's functions that call ``sys._getframe``
+    (or ``sys._getframemodulename``) only to read the ``__name__`` of their caller's module:
+    a ``namedtuple``, a ``TypeVar`` or an ``Enum`` made in an answer cell calls them."""
+    import collections
+    import enum
+    import typing
+    found = [collections.namedtuple, getattr(typing, "_caller", None)]
+    for cls in (getattr(enum, "EnumType", None), getattr(enum, "EnumMeta", None)):
+        found.append(getattr(cls, "_create_", None))
+    return frozenset(f.__code__ for f in found if isinstance(f, types.FunctionType))
+
+
 def _install_hook():
     """Install (once per process) the audit hook that refuses, when the caller is not
     library code (the first frame outside the standard library lies outside
@@ -928,6 +941,10 @@ def _install_hook():
         triton_dirs = ()
     forbid_code = forbid.__wrapped__.__code__
     call_code = _call.__code__
+    # standard-library functions that read only the module name of their caller's frame
+    # (collections.namedtuple, typing.TypeVar and the like, Enum's functional API): the
+    # frame never reaches the code that called them
+    module_name_readers = _module_name_readers()
     active = [0]
     allowed: set = set()
     originals: dict = {}
@@ -1028,6 +1045,14 @@ def _install_hook():
             else:
                 return
         elif event in _FRAME_EVENTS:
+            if event in ("sys._getframe", "sys._getframemodulename"):
+                busy.on = True
+                try:
+                    reader = getframe(1).f_code in module_name_readers
+                finally:
+                    busy.on = False
+                if reader:
+                    return
             what = f"inspects the checker's frames or objects ({event})"
         elif event == "function.__new__":
             code = args[0]

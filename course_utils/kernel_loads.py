@@ -201,6 +201,21 @@ def _on_copy(a, copies):
     return t
 
 
+def _language_classes() -> frozenset:
+    """The classes of Triton's language as it is imported (``tl.range``, ``tl.static_range``,
+    ``tl.constexpr``, the dtypes' classes ...), before any kernel runs: the interpreter later
+    puts functions of its own in the place of some of them in ``triton.language.core`` and,
+    for a device function it runs, does not put them back, so a kernel naming ``tl.range``
+    then names a class its module no longer holds under that name."""
+    out = set()
+    for name, mod in list(sys.modules.items()):
+        if isinstance(mod, types.ModuleType) and (name == "triton.language"
+                                                  or name.startswith("triton.language.")):
+            out.update(v for v in vars(mod).values() if isinstance(v, type)
+                       and (getattr(v, "__module__", "") or "").startswith("triton."))
+    return frozenset(out)
+
+
 def _triton_parts():
     """Triton's own launch machinery, as it is when the course's modules are imported
     (before any answer cell runs): a watched launch goes through these and nothing an
@@ -217,7 +232,8 @@ def _triton_parts():
                 "semantic": getattr(interp, "interpreter_semantic", None),
                 "patch_builtin": getattr(interp, "_patch_builtin", None),
                 "scope": getattr(interp, "_LangPatchScope", None),
-                "dir": os.path.dirname(os.path.dirname(os.path.realpath(interp.__file__))) + os.sep}
+                "dir": os.path.dirname(os.path.dirname(os.path.realpath(interp.__file__))) + os.sep,
+                "classes": _language_classes()}
     except Exception:  # noqa: BLE001 - no Triton, or an interpreter laid out otherwise
         # (a Triton release this module does not know): launches then run as they are, and
         # in the interpreter the block still watches their loads (not their bodies)
@@ -280,7 +296,7 @@ def _triton_value(v, depth=0) -> bool:
                                     getattr(mod, "__name__", "").startswith("triton."))):
         return False
     if isinstance(v, type):
-        return vars(mod).get(v.__name__) is v
+        return vars(mod).get(v.__name__) is v or (bool(_TRITON) and v in _TRITON["classes"])
     inner = getattr(v, "value", None) if type(v).__name__ == "constexpr" else None
     return inner is None or _triton_value(inner, depth + 1)
 

@@ -210,6 +210,33 @@ def test_frames_are_refused_to_a_notebook_cell_at_any_time_in_a_graded_run():
             (src, run.stderr[-2000:])
 
 
+def test_namedtuples_typevars_and_enums_may_be_made_in_a_graded_cell_and_an_answer():
+    # collections.namedtuple, typing.TypeVar and Enum's functional API read the module name
+    # of their caller's frame (sys._getframe inside the standard library): that is no escape
+    run = _graded_cell("import collections, enum, typing\n"
+                       "P = collections.namedtuple('P', 'm s')\n"
+                       "T = typing.TypeVar('T')\n"
+                       "E = enum.Enum('E', 'A B')\n"
+                       "assert P(1, 2).s == 2 and E.B.value == 2\n")
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    def answer(x):
+        State = collections.namedtuple("State", ["m", "s"])
+        st = State(x.max(), x.sum())
+        return st.m + st.s
+
+    import collections
+    out = guards.run_answer(answer, torch.ones(3), forbid=("softmax",))
+    assert float(out) == 4.0
+    # the frame itself stays out of reach, in a graded cell and in an answer
+    run = _graded_cell("import collections, sys\nP = collections.namedtuple('P', 'a')\n"
+                       "sys._getframe(0)\n")
+    assert run.returncode != 0 and "GuardEscape" in run.stderr, run.stderr[-2000:]
+    with pytest.raises(ForbiddenCall, match="inspects the checker's frames"):
+        _checker(lambda x: (collections.namedtuple("P", "a"), _steal(sys._getframe(1)))[1],
+                 torch.zeros(3))
+
+
 def test_a_learners_own_cells_keep_their_tools_outside_the_checks():
     # outside a graded run and outside an answer, a cell may inspect frames and start
     # threads (a learner's experiments); the same inside an answer is refused (above)

@@ -403,6 +403,29 @@ def _exp_with_os(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(OUT + offs, x, mask=offs < n)
 
 
+@triton.jit
+def _sum_tiles_with_tl_range(X, OUT, n, BLOCK: tl.constexpr):
+    total = tl.zeros([BLOCK], tl.float32)
+    for j in tl.range(0, tl.cdiv(n, BLOCK)):
+        offs = j * BLOCK + tl.arange(0, BLOCK)
+        total += tl.load(X + offs, mask=offs < n, other=0.0)
+    tl.store(OUT, tl.sum(total, 0))
+
+
+def test_a_kernel_may_loop_with_tl_range_while_the_language_module_holds_another(monkeypatch):
+    # Triton's interpreter puts a range function of its own into triton.language.core while
+    # it runs a device function (a reduction among them) and may leave it there: tl.range,
+    # the class the kernel names, is still Triton's
+    import triton.language.core as core
+    monkeypatch.setattr(core, "range", lambda *a, **k: range(*a))
+    monkeypatch.setattr(core, "static_range", lambda *a, **k: range(*a))
+    x = torch.arange(10.0, device=device.DEVICE)
+    out = torch.zeros(1, device=device.DEVICE)
+    with loads_within(x, out, names=("X", "OUT"), name="tl.range"):
+        launch(_sum_tiles_with_tl_range, (1,), x, out, 10, BLOCK=4)
+    assert float(out) == 45.0
+
+
 def test_kernels_may_use_the_math_module_and_only_it():
     x, out = _run(True, _exp_with_math)
     torch.testing.assert_close(out.tensor, x.tensor.exp())

@@ -444,6 +444,17 @@ def decode_attention_gqa(q, k_cache, v_cache):
     heads = [_one_head(q[:, h].float(), k_cache[:, h // (hq // hkv)].float(),
                        v_cache[:, h // (hq // hkv)].float(), mask) for h in range(hq)]
     return torch.stack(heads, dim=1).to(q.dtype)''',
+            'the query heads grouped in a view, einsum, the probabilities normalised before P V': '''# Exercise 9.4
+def decode_attention_gqa(q, k_cache, v_cache):
+    b, hq, nq, d = q.shape
+    hkv, L = k_cache.shape[1], k_cache.shape[2]
+    qg = q.float().reshape(b, hkv, hq // hkv, nq, d)
+    s = torch.einsum("bhgqd,bhkd->bhgqk", qg, k_cache.float()) * d ** -0.5
+    s = torch.where(bottom_right_mask(nq, L), s, torch.tensor(float("-inf")))
+    p = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+    p = p / p.sum(dim=-1, keepdim=True)
+    o = torch.einsum("bhgqk,bhkd->bhgqd", p, v_cache.float())
+    return o.reshape(b, hq, nq, d).to(q.dtype)''',
         },
         '9.5': {
             'einsum for the weighted sum, torch.where guarding the empty chunks': '''# Exercise 9.5
@@ -453,6 +464,11 @@ def merge_partials(m, l, acc):
     denom = torch.einsum("s...,s...->...", w, l)
     numer = torch.einsum("s...,s...d->...d", w, acc)
     return numer / denom.unsqueeze(-1), m_max + denom.log()''',
+            'the total lse first (logsumexp of m + log l), each chunk weighted by exp(m - lse)': '''# Exercise 9.5
+def merge_partials(m, l, acc):
+    lse = torch.logsumexp(m + torch.log(l), dim=0)
+    w = torch.exp(m - lse)
+    return (w[..., None] * acc).sum(dim=0), lse''',
         },
     },
     '08_hopper': {
@@ -472,28 +488,6 @@ def add_releases(schedule):
                     out.append(sim.Arrive(kind.lower() + "_empty[" + slot + "]"))
             wg.program = out
     return fixed''',
-        },
-    },
-    '09_decoding': {
-        '9.4': {
-            'the query heads grouped in a view, einsum, the probabilities normalised before P V': '''# Exercise 9.4
-def decode_attention_gqa(q, k_cache, v_cache):
-    b, hq, nq, d = q.shape
-    hkv, L = k_cache.shape[1], k_cache.shape[2]
-    qg = q.float().reshape(b, hkv, hq // hkv, nq, d)
-    s = torch.einsum("bhgqd,bhkd->bhgqk", qg, k_cache.float()) * d ** -0.5
-    s = torch.where(bottom_right_mask(nq, L), s, torch.tensor(float("-inf")))
-    p = torch.exp(s - s.max(dim=-1, keepdim=True).values)
-    p = p / p.sum(dim=-1, keepdim=True)
-    o = torch.einsum("bhgqk,bhkd->bhgqd", p, v_cache.float())
-    return o.reshape(b, hq, nq, d).to(q.dtype)''',
-        },
-        '9.5': {
-            'the total lse first (logsumexp of m + log l), each chunk weighted by exp(m - lse)': '''# Exercise 9.5
-def merge_partials(m, l, acc):
-    lse = torch.logsumexp(m + torch.log(l), dim=0)
-    w = torch.exp(m - lse)
-    return (w[..., None] * acc).sum(dim=0), lse''',
         },
     },
 }

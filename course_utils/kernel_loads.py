@@ -637,6 +637,7 @@ def _interpret(kernel, grid, args, kwargs, ranges, found):
         fn = kernel.fn if isinstance(kernel, _TRITON["JITFunction"]) else kernel
         with _language_kept(), _watching(interp, ranges, found), \
                 _libdevice_interpreted(interp, fn.__globals__):
+            _tensor_methods_interpreted(device_call)
             checked = _checked(fn, getattr(kernel, "src", None), compiled=True)
             names = list(inspect.signature(fn).parameters)
             _TRITON["GridExecutor"](checked, names, grid, [])(*args, **kwargs)
@@ -644,6 +645,20 @@ def _interpret(kernel, grid, args, kwargs, ranges, found):
         JITFunction.__call__ = compiled_call
         if patch_tensor is not None:
             interp._patch_lang_tensor = patch_tensor
+
+
+def _tensor_methods_interpreted(device_call):
+    """Where kernels are compiled, the tensor methods that are Triton functions (``x.sum(1)``,
+    ``x.max(0)``, ...) are compiled objects on the tensor class, which the interpreter calls
+    without the tensor: for the block (``_language_kept`` puts the class back) each becomes a
+    method that runs its function interpreted, the tensor first."""
+    core = sys.modules.get("triton.language.core")
+    cls = getattr(core, "tensor", None)
+    if not isinstance(cls, type):
+        return
+    for name, val in list(vars(cls).items()):
+        if type(val) is _TRITON["JITFunction"]:
+            setattr(cls, name, (lambda f: lambda self, *a, **k: device_call(f, self, *a, **k))(val))
 
 
 def _np_round(x):

@@ -534,3 +534,35 @@ def test_on_the_gpu_a_libdevice_kernel_is_watched():
         torch.testing.assert_close(out.tensor, x.tensor.exp())
         with pytest.raises(CheckFailed, match="past the end of X"):
             _run(False, kernel)
+
+
+def _sum_max_methods_py(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    # reductions as tensor methods, as learners often write them
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASK_LOAD:
+        x = tl.load(X + offs, mask=offs < n, other=0.0)
+    else:
+        x = tl.load(X + offs)
+    tl.store(OUT + offs, x + 0.0 * (x.sum(0) + x.max(0)), mask=offs < n)
+
+
+def test_tensor_methods_that_are_compiled_functions_run_again_in_the_interpreter(monkeypatch):
+    """On a GPU ``tl.tensor.sum`` is a compiled Triton function, which the interpreter's
+    re-run called without the tensor (an honest answer using ``x.sum(1)`` was refused)."""
+    from course_utils import kernel_loads
+    if not device.INTERPRET:
+        pytest.skip("the stand-in for a compiled launch needs the CPU interpreter")
+    from triton.runtime.jit import JITFunction
+    monkeypatch.setattr(kernel_loads.device, "INTERPRET", False)
+    # the tensor class as a GPU build has it: its reductions are JITFunctions
+    for name in ("sum", "max"):
+        monkeypatch.setattr(tl.core.tensor, name, JITFunction(getattr(tl, name).fn))
+    before = dict(vars(tl.core.tensor))
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw:
+                        a[1].copy_(a[0]))
+    kernel = JITFunction(_sum_max_methods_py)
+    x, out = _run(True, kernel)
+    torch.testing.assert_close(out.tensor, x.tensor)
+    with pytest.raises(CheckFailed, match="past the end of X"):
+        _run(False, kernel)
+    assert dict(vars(tl.core.tensor)) == before

@@ -270,7 +270,43 @@ def _triton_module(m) -> bool:
                                         or name.startswith("triton.language."))
 
 
-def _triton_value(v, depth=0) -> bool:
+def _in_triton(code) -> bool:
+    return isinstance(code, types.CodeType) and bool(_TRITON) and \
+        os.path.realpath(code.co_filename).startswith(_TRITON["dir"])
+
+
+def _foreign(v) -> bool:
+    """Whether ``v``, an attribute of one of Triton's language classes, runs code from
+    outside Triton (an answer's function put in the place of a tensor method, say)."""
+    if isinstance(v, (staticmethod, classmethod)):
+        v = v.__func__
+    if isinstance(v, property):
+        return any(f is not None and _foreign(f) for f in (v.fget, v.fset, v.fdel))
+    if _TRITON and isinstance(v, (_TRITON["JITFunction"], _TRITON["InterpretedFunction"])):
+        return not _in_triton(getattr(getattr(v, "fn", None), "__code__", None))
+    if isinstance(v, types.FunctionType):
+        # Triton's, or this module's (its compatibility methods while a re-run lasts)
+        real = os.path.realpath(v.__code__.co_filename)
+        return not (_in_triton(v.__code__) or real == os.path.realpath(__file__))
+    if isinstance(v, (types.WrapperDescriptorType, types.MethodDescriptorType,
+                      types.GetSetDescriptorType, types.MemberDescriptorType,
+                      types.BuiltinFunctionType)):
+        return False
+    return callable(v)
+
+
+def _language_classes_changed() -> list:
+    """The methods of Triton's tensor classes that run code from outside Triton."""
+    core = sys.modules.get("triton.language.core")
+    out = []
+    for cls_name in ("tensor", "tensor_descriptor_base"):
+        cls = getattr(core, cls_name, None)
+        if isinstance(cls, type):
+            out += [f"{cls_name}.{k}" for k, v in list(vars(cls).items()) if _foreign(v)]
+    return out
+
+
+def _triton_value(v, depth=0, own=False) -> bool:
     """A value a kernel body may name: a number or string, a Triton language object, a
     Triton kernel or function (its code one of Triton's files)."""
     if depth > 8:
@@ -278,14 +314,16 @@ def _triton_value(v, depth=0) -> bool:
     if v is None or isinstance(v, (bool, int, float, str)):
         return True
     if type(v) is tuple:
-        return all(_triton_value(x, depth + 1) for x in v)
+        return all(_triton_value(x, depth + 1, own) for x in v)
     if _triton_module(v) or v is math:
         return True
     if isinstance(v, types.BuiltinFunctionType) and getattr(v, "__self__", None) is math:
         # math.log2(math.e), -math.inf: Triton's compiler folds these into constants
         return True
     if _TRITON and type(v) in (_TRITON["JITFunction"], _TRITON["InterpretedFunction"]):
-        return True
+        # a kernel's own device functions are checked where they are called; one found on a
+        # Triton module (an answer may have put it there) must be Triton's
+        return not own or _in_triton(getattr(getattr(v, "fn", None), "__code__", None))
     code = getattr(v, "__code__", None)
     if isinstance(v, types.FunctionType) and isinstance(code, types.CodeType):
         real = os.path.realpath(code.co_filename)
@@ -298,7 +336,7 @@ def _triton_value(v, depth=0) -> bool:
     if isinstance(v, type):
         return vars(mod).get(v.__name__) is v or (bool(_TRITON) and v in _TRITON["classes"])
     inner = getattr(v, "value", None) if type(v).__name__ == "constexpr" else None
-    return inner is None or _triton_value(inner, depth + 1)
+    return inner is None or _triton_value(inner, depth + 1, own)
 
 
 def _check_tree(tree, glb, what):
@@ -359,7 +397,7 @@ def _check_tree(tree, glb, what):
                     if not isinstance(v, types.ModuleType):
                         break
                     v = getattr(v, attr, None)
-                    if not _triton_value(v):
+                    if not _triton_value(v, own=True):
                         raise Refused(f"{what} uses {base.id}.{'.'.join(reversed(chain))}, "
                                       "which is not Triton's")
 
@@ -400,7 +438,7 @@ def _check_code(fn):
                     raise Refused(f"{what} reads the attribute {arg!r}")
                 if isinstance(cur, types.ModuleType):
                     cur = getattr(cur, arg, None)
-                    if not _triton_value(cur):
+                    if not _triton_value(cur, own=True):
                         raise Refused(f"{what} uses {arg}, which is not Triton's")
                 else:
                     cur = None
@@ -563,6 +601,9 @@ def watched_launch(kernel, grid, args, kwargs):
     why = _plain(kernel)
     if why is not None:
         _refuse(entry, why)
+    changed = _language_classes_changed()
+    if changed:
+        _refuse(entry, f"Triton's {', '.join(changed[:3])} runs code from outside Triton")
     if device.INTERPRET:
         try:
             fn = _checked(kernel.fn)

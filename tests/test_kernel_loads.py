@@ -566,3 +566,45 @@ def test_tensor_methods_that_are_compiled_functions_run_again_in_the_interpreter
     with pytest.raises(CheckFailed, match="past the end of X"):
         _run(False, kernel)
     assert dict(vars(tl.core.tensor)) == before
+
+
+def _leak_py(x):
+    # Python that a kernel body may not hold: it would run unwatched in the interpreter
+    import course_utils.kernel_loads as kl   # noqa: F401
+    return x
+
+
+def _method_call(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n)
+    tl.store(OUT + offs, x.leak(), mask=offs < n)
+
+
+def _module_call(X, OUT, n, MASK_LOAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n)
+    tl.store(OUT + offs, tl.leak(x), mask=offs < n)
+
+
+def test_functions_of_an_answer_put_on_tritons_classes_or_modules_are_refused(monkeypatch):
+    """An answer may put its own @triton.jit function (Python inside) on the tensor class or
+    on triton.language, where the kernel's body check does not see it: refused."""
+    jit_leak = triton.jit(_leak_py)
+    monkeypatch.setattr(tl.core.tensor, "leak", jit_leak, raising=False)
+    with pytest.raises(CheckFailed, match="tensor.leak runs code from outside Triton"):
+        _run(True, triton.jit(_method_call))
+    monkeypatch.setattr(tl.core.tensor, "leak", _leak_py, raising=False)
+    with pytest.raises(CheckFailed, match="tensor.leak runs code from outside Triton"):
+        _run(True, triton.jit(_method_call))
+    monkeypatch.delattr(tl.core.tensor, "leak")
+    monkeypatch.setattr(tl.core.tensor, "__add__", _leak_py)
+    with pytest.raises(CheckFailed, match="tensor.__add__ runs code from outside Triton"):
+        _run(True)
+    monkeypatch.undo()
+    monkeypatch.setattr(tl, "leak", jit_leak, raising=False)
+    # on a GPU the compiler, which runs first, refuses the import in it
+    with pytest.raises(CheckFailed if device.INTERPRET else Exception,
+                       match="tl.leak, which is not Triton's" if device.INTERPRET else ""):
+        _run(True, triton.jit(_module_call))
+    monkeypatch.undo()
+    _run(True)      # the classes as Triton made them: watched as before

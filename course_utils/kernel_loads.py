@@ -292,6 +292,10 @@ def _foreign(v) -> bool:
                       types.GetSetDescriptorType, types.MemberDescriptorType,
                       types.BuiltinFunctionType)):
         return False
+    fn = getattr(v, "fn", None)
+    if (getattr(type(v), "__module__", "") or "").startswith("triton.") and \
+            isinstance(fn, types.FunctionType):
+        return not _in_triton(fn.__code__)     # another kind of Triton function object
     return callable(v)
 
 

@@ -282,8 +282,6 @@ def _foreign(v) -> bool:
         v = v.__func__
     if isinstance(v, property):
         return any(f is not None and _foreign(f) for f in (v.fget, v.fset, v.fdel))
-    if _TRITON and isinstance(v, (_TRITON["JITFunction"], _TRITON["InterpretedFunction"])):
-        return not _in_triton(getattr(getattr(v, "fn", None), "__code__", None))
     if isinstance(v, types.FunctionType):
         # Triton's, or this module's (its compatibility methods while a re-run lasts)
         real = os.path.realpath(v.__code__.co_filename)
@@ -295,7 +293,7 @@ def _foreign(v) -> bool:
     fn = getattr(v, "fn", None)
     if (getattr(type(v), "__module__", "") or "").startswith("triton.") and \
             isinstance(fn, types.FunctionType):
-        return not _in_triton(fn.__code__)     # another kind of Triton function object
+        return not _in_triton(fn.__code__)     # a JITFunction or another Triton function object
     return callable(v)
 
 

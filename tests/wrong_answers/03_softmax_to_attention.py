@@ -215,3 +215,136 @@ orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
 ''',
     },
 }
+
+
+# Round six: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# float32 inside loses float64's digits (the hidden float64 rows need 1e-11)
+WRONG['3.1']["the update in float32, cast back to the scores' dtype"] = '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = (t.float() for t in state)
+    x, v = x.float(), v.float()
+    dt = state[1].dtype
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - shift)
+    return m_new.to(dt), (r * den + w).to(dt), (r * num + w * v).to(dt)'''
+# the old sums move to the new maximum but the new term is measured from the old one
+WRONG['3.1']['the new term measured from the old maximum'] = '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    old = torch.where(torch.isneginf(m), shift, m)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - old)
+    return m_new, r * den + w, r * num + w * v'''
+WRONG['3.2']['rescales num but not den'] = '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    m = torch.maximum(ma, mb)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
+    return m, da + db, ca[:, None] * na + cb[:, None] * nb_'''
+# (R,) against (R, d) lines up with d: an error, or wrong columns when R == d
+WRONG['3.2']['the factors not unsqueezed (ca * na broadcasts along d)'] = '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    m = torch.maximum(ma, mb)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
+    return m, ca * da + cb * db, ca * na + cb * nb_'''
+# the merged den and num must be measured from the merged maximum m
+WRONG['3.2']['the smaller maximum as the reference'] = '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    m = torch.maximum(ma, mb)
+    ref = torch.where(torch.isinf(ma) | torch.isinf(mb), m, torch.minimum(ma, mb))
+    safe = torch.where(torch.isinf(ref), torch.zeros_like(ref), ref)
+    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
+    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_'''
+# den and num of the rows below the overall maximum come out scaled by exp(m_row - top)
+WRONG['3.2']['one max over every row (not row by row)'] = '''# Exercise 3.2
+def merge(a, b):
+    (ma, da, na), (mb, db, nb_) = a, b
+    m = torch.maximum(ma, mb)
+    top = m.max()
+    safe = torch.zeros_like(m) if torch.isinf(top) else torch.full_like(m, float(top))
+    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
+    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_'''
+WRONG['3.3']['range(0, n - 1, B): a last one-key tile dropped'] = '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
+              for lo in range(0, x.shape[1] - 1, B)]
+    total = states[-1]
+    for st in reversed(states[:-1]):
+        total = merge_states(st, total)
+    return total.acc / total.l[:, None]'''
+# the check compares float64 rows at 1e-10
+WRONG['3.3']['the output rounded to float32'] = '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
+              for lo in range(0, x.shape[1], B)]
+    total = states[-1]
+    for st in reversed(states[:-1]):
+        total = merge_states(st, total)
+    return (total.acc / total.l[:, None]).float()'''
+WRONG['3.3']['tiles cut from the rows (x.shape[0]), not the keys'] = '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
+              for lo in range(0, x.shape[0], B)]
+    total = states[-1]
+    for st in reversed(states[:-1]):
+        total = merge_states(st, total)
+    return total.acc / total.l[:, None]'''
+# the visible cases always end on a partial tile
+WRONG['3.3']['the tile count n // B: the short last tile dropped when B does not divide n'] = '''# Exercise 3.3
+def tiled_row_attention(x, vals, B):
+    n = x.shape[1]
+    states = [state_from_scores(x[:, t * B:(t + 1) * B], vals[t * B:(t + 1) * B])
+              for t in range(max(1, n // B))]
+    total = states[-1]
+    for st in reversed(states[:-1]):
+        total = merge_states(st, total)
+    return total.acc / total.l[:, None]'''
+WRONG['3.4']["Tr in place of Tc for FA1's O traffic"] = '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return 2 * tr * N * d, 2 * N * d, tr * N * d + (tr + 1) * N * d'''
+# right for ragged N, one tile too many when B divides N (4096 / 128, a visible case)
+WRONG['3.4']['N // B + 1 tiles (one too many when B divides N)'] = '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = N // Br + 1, N // Bc + 1
+    return 2 * tr * N * d, 2 * N * d, tc * N * d + (tc + 1) * N * d'''
+WRONG['3.4']['FA2 streams K and V once per key tile'] = '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return 2 * tc * N * d, 2 * N * d, tc * N * d + (tc + 1) * N * d'''
+WRONG['3.4']['a list, not a tuple'] = '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return [2 * tr * N * d, 2 * N * d, tc * N * d + (tc + 1) * N * d]'''
+# fractional tiles: right only when Br divides N
+WRONG['3.5']['Tr = N / Br, no ceiling'] = '''# Exercise 3.5
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    tr = N / Br
+    moved = N * d + 2 * tr * N * d + N * d
+    return 4 * N * N * d / (nbytes * moved)'''
+WRONG['3.5']['O read and written (counted twice)'] = '''# Exercise 3.5
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    tr = -(-N // Br)
+    moved = N * d + 2 * tr * N * d + 2 * N * d
+    return 4 * N * N * d / (nbytes * moved)'''
+# the limit for N >> Br, not the intensity at the given N
+WRONG['3.5']['the long-sequence limit Br / nbytes'] = '''# Exercise 3.5
+def fa2_intensity(N, d, Br, Bc, nbytes):
+    return Br / nbytes'''
+WRONG['3.6']['more_bytes_for_long_rows answered fa2'] = '''# Exercise 3.6
+orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
+          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa2"}'''
+WRONG['3.6']['the fifth statement left out'] = '''# Exercise 3.6
+orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
+          "intensity_grows_with_Br": "fa2"}'''
+WRONG['3.6']['intensity credited to FA1, the rest right'] = '''# Exercise 3.6
+orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
+          "intensity_grows_with_Br": "fa1", "more_bytes_for_long_rows": "fa1"}'''

@@ -348,3 +348,23 @@ orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
 WRONG['3.6']['intensity credited to FA1, the rest right'] = '''# Exercise 3.6
 orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
           "intensity_grows_with_Br": "fa1", "more_bytes_for_long_rows": "fa1"}'''
+# exact while the row's maximum comes before the masked key and beats the later scores by
+# far (then exp(m) times a tiny den is what it should be): a hidden case has [1, -inf, 0]
+WRONG["3.1"]["the safe shift tested on the score, not on the new maximum"] = '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(x), torch.zeros_like(m_new), m_new)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - shift)
+    return m_new, r * den + w, r * num + w * v'''
+# the first term measured from 0 while m says it is x0: exact when x0 is near 0, and a hidden
+# case starts at 40
+WRONG["3.1"]["shift by 0 while the old max is -inf (first term unshifted)"] = '''# Exercise 3.1
+def attention_update(state, x, v):
+    m, den, num = state
+    m_new = torch.maximum(m, x)
+    shift = torch.where(torch.isneginf(m), torch.zeros_like(m_new), m_new)
+    r = torch.exp(m - shift)
+    w = torch.exp(x - shift)
+    return m_new, r * den + w, r * num + w * v'''

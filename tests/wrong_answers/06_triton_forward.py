@@ -716,3 +716,9 @@ def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: t
         m = m_new
     tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
     tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
+# a running maximum never below 0 is exact while some score of every row is above about -100
+# (in base 2); a hidden case puts every score near -300, where exp2(s - 0) underflows to 0 / 0
+WRONG["6.4"]["the running max clamped at 0 (never below)"] = _UPDATE.replace(
+    "m_new = tl.maximum(m, tl.max(s, 1))", "m_new = tl.maximum(tl.maximum(m, tl.max(s, 1)), 0.0)")
+WRONG["6.6"]["the running max starts at 0 (m = zeros)"] = _variant(
+    'm = tl.full([BLOCK_M], float("-inf"), tl.float32)', "m = tl.zeros([BLOCK_M], tl.float32)")

@@ -408,3 +408,15 @@ def flash_backward(q, k, v, o, lse, do):
     dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
     dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
     return dv, dk, dq'''
+# exp(s) * exp(-lse) is exp(s - lse) until a score passes 88.7 and exp(s) is inf in float32: a
+# hidden case puts every score near 100
+WRONG["7.2"]["P^T as exp(scores) * exp(-lse): overflows past a score of 88"] = '''# Exercise 7.2
+@triton.jit
+def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
+    pT = tl.exp(tl.dot(k, qT) * scale) * tl.exp(-lse)[None, :]
+    dv += tl.dot(pT, do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+    dk += tl.dot(dsT, tl.trans(qT))
+    return dk, dv'''
+WRONG["7.3"]["P as exp(scores) * exp(-lse): overflows past a score of 88"] = _DQ_UPDATE.replace(
+    "tl.exp(tl.dot(q, kT) * scale - lse[:, None])", "tl.exp(tl.dot(q, kT) * scale) * tl.exp(-lse)[:, None]")

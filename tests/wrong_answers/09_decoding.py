@@ -363,3 +363,8 @@ WRONG['9.6']['chunks of 512 bytes at 2 bytes a key (cache_len // 256)'] = '''# E
 def num_splits_for(batch, kv_heads, cache_len, num_sms):
     want = math.ceil(4 * num_sms / (batch * kv_heads))
     return max(1, min(want, cache_len // 256))'''
+# two decimals are exact while bytes_per_elem divides 2 (q / kv) (new tokens); a hidden case
+# has 3-byte elements
+WRONG["9.2"]["rounded to two decimals"] = '''# Exercise 9.2
+def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
+    return round((4 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem), 2)'''

@@ -1,5 +1,7 @@
 """Wrong answers to problem set 3 (from softmax to attention)."""
 
+from tests.wrong_answers import edit, official
+
 WRONG = {
     "3.1": {
         "no running max: exp of the raw score": '''# Exercise 3.1
@@ -219,94 +221,46 @@ orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
 
 # Round six: wrong answers caught on every draw of tests.wrong_answers.catch_rate
 # float32 inside loses float64's digits (the hidden float64 rows need 1e-11)
-WRONG['3.1']["the update in float32, cast back to the scores' dtype"] = '''# Exercise 3.1
-def attention_update(state, x, v):
-    m, den, num = (t.float() for t in state)
-    x, v = x.float(), v.float()
-    dt = state[1].dtype
-    m_new = torch.maximum(m, x)
-    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-    r = torch.exp(m - shift)
-    w = torch.exp(x - shift)
-    return m_new.to(dt), (r * den + w).to(dt), (r * num + w * v).to(dt)'''
+WRONG['3.1']["the update in float32, cast back to the scores' dtype"] = edit(official('3.1'),
+    ('    m, den, num = state',
+     '    m, den, num = (t.float() for t in state)\n    x, v = x.float(), v.float()\n    dt = state[1].dtype'), 
+    ('    return m_new, r * den + w, r * num + w * v',
+     '    return m_new.to(dt), (r * den + w).to(dt), (r * num + w * v).to(dt)'))
 # the old sums move to the new maximum but the new term is measured from the old one
-WRONG['3.1']['the new term measured from the old maximum'] = '''# Exercise 3.1
-def attention_update(state, x, v):
-    m, den, num = state
-    m_new = torch.maximum(m, x)
-    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-    old = torch.where(torch.isneginf(m), shift, m)
-    r = torch.exp(m - shift)
-    w = torch.exp(x - old)
-    return m_new, r * den + w, r * num + w * v'''
-WRONG['3.2']['rescales num but not den'] = '''# Exercise 3.2
-def merge(a, b):
-    (ma, da, na), (mb, db, nb_) = a, b
-    m = torch.maximum(ma, mb)
-    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
-    return m, da + db, ca[:, None] * na + cb[:, None] * nb_'''
+WRONG['3.1']['the new term measured from the old maximum'] = edit(official('3.1'),
+    ('    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)',
+     '    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)\n    old = torch.where(torch.isneginf(m), shift, m)'), 
+    ('    w = torch.exp(x - shift)',
+     '    w = torch.exp(x - old)'))
+WRONG['3.2']['rescales num but not den'] = edit(official('3.2'),
+    ('    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_',
+     '    return m, da + db, ca[:, None] * na + cb[:, None] * nb_'))
 # (R,) against (R, d) lines up with d: an error, or wrong columns when R == d
-WRONG['3.2']['the factors not unsqueezed (ca * na broadcasts along d)'] = '''# Exercise 3.2
-def merge(a, b):
-    (ma, da, na), (mb, db, nb_) = a, b
-    m = torch.maximum(ma, mb)
-    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
-    return m, ca * da + cb * db, ca * na + cb * nb_'''
+WRONG['3.2']['the factors not unsqueezed (ca * na broadcasts along d)'] = edit(official('3.2'),
+    ('    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_',
+     '    return m, ca * da + cb * db, ca * na + cb * nb_'))
 # the merged den and num must be measured from the merged maximum m
-WRONG['3.2']['the smaller maximum as the reference'] = '''# Exercise 3.2
-def merge(a, b):
-    (ma, da, na), (mb, db, nb_) = a, b
-    m = torch.maximum(ma, mb)
-    ref = torch.where(torch.isinf(ma) | torch.isinf(mb), m, torch.minimum(ma, mb))
-    safe = torch.where(torch.isinf(ref), torch.zeros_like(ref), ref)
-    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
-    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_'''
+WRONG['3.2']['the smaller maximum as the reference'] = edit(official('3.2'),
+    ('    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)',
+     '    ref = torch.where(torch.isinf(ma) | torch.isinf(mb), m, torch.minimum(ma, mb))\n    safe = torch.where(torch.isinf(ref), torch.zeros_like(ref), ref)'))
 # den and num of the rows below the overall maximum come out scaled by exp(m_row - top)
-WRONG['3.2']['one max over every row (not row by row)'] = '''# Exercise 3.2
-def merge(a, b):
-    (ma, da, na), (mb, db, nb_) = a, b
-    m = torch.maximum(ma, mb)
-    top = m.max()
-    safe = torch.zeros_like(m) if torch.isinf(top) else torch.full_like(m, float(top))
-    ca, cb = torch.exp(ma - safe), torch.exp(mb - safe)
-    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_'''
-WRONG['3.3']['range(0, n - 1, B): a last one-key tile dropped'] = '''# Exercise 3.3
-def tiled_row_attention(x, vals, B):
-    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
-              for lo in range(0, x.shape[1] - 1, B)]
-    total = states[-1]
-    for st in reversed(states[:-1]):
-        total = merge_states(st, total)
-    return total.acc / total.l[:, None]'''
+WRONG['3.2']['one max over every row (not row by row)'] = edit(official('3.2'),
+    ('    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)',
+     '    top = m.max()\n    safe = torch.zeros_like(m) if torch.isinf(top) else torch.full_like(m, float(top))'))
+WRONG['3.3']['range(0, n - 1, B): a last one-key tile dropped'] = edit(official('3.3'),
+    ('              for lo in range(0, x.shape[1], B)]',
+     '              for lo in range(0, x.shape[1] - 1, B)]'))
 # the check compares float64 rows at 1e-10
-WRONG['3.3']['the output rounded to float32'] = '''# Exercise 3.3
-def tiled_row_attention(x, vals, B):
-    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
-              for lo in range(0, x.shape[1], B)]
-    total = states[-1]
-    for st in reversed(states[:-1]):
-        total = merge_states(st, total)
-    return (total.acc / total.l[:, None]).float()'''
-WRONG['3.3']['tiles cut from the rows (x.shape[0]), not the keys'] = '''# Exercise 3.3
-def tiled_row_attention(x, vals, B):
-    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])
-              for lo in range(0, x.shape[0], B)]
-    total = states[-1]
-    for st in reversed(states[:-1]):
-        total = merge_states(st, total)
-    return total.acc / total.l[:, None]'''
+WRONG['3.3']['the output rounded to float32'] = edit(official('3.3'),
+    ('    return total.acc / total.l[:, None]',
+     '    return (total.acc / total.l[:, None]).float()'))
+WRONG['3.3']['tiles cut from the rows (x.shape[0]), not the keys'] = edit(official('3.3'),
+    ('              for lo in range(0, x.shape[1], B)]',
+     '              for lo in range(0, x.shape[0], B)]'))
 # the visible cases always end on a partial tile
-WRONG['3.3']['the tile count n // B: the short last tile dropped when B does not divide n'] = '''# Exercise 3.3
-def tiled_row_attention(x, vals, B):
-    n = x.shape[1]
-    states = [state_from_scores(x[:, t * B:(t + 1) * B], vals[t * B:(t + 1) * B])
-              for t in range(max(1, n // B))]
-    total = states[-1]
-    for st in reversed(states[:-1]):
-        total = merge_states(st, total)
-    return total.acc / total.l[:, None]'''
+WRONG['3.3']['the tile count n // B: the short last tile dropped when B does not divide n'] = edit(official('3.3'),
+    ('    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])\n              for lo in range(0, x.shape[1], B)]',
+     '    n = x.shape[1]\n    states = [state_from_scores(x[:, t * B:(t + 1) * B], vals[t * B:(t + 1) * B])\n              for t in range(max(1, n // B))]'))
 WRONG['3.4']["Tr in place of Tc for FA1's O traffic"] = '''# Exercise 3.4
 def hbm_traffic(N, d, Br, Bc):
     tr, tc = -(-N // Br), -(-N // Bc)
@@ -339,32 +293,22 @@ def fa2_intensity(N, d, Br, Bc, nbytes):
 WRONG['3.5']['the long-sequence limit Br / nbytes'] = '''# Exercise 3.5
 def fa2_intensity(N, d, Br, Bc, nbytes):
     return Br / nbytes'''
-WRONG['3.6']['more_bytes_for_long_rows answered fa2'] = '''# Exercise 3.6
-orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
-          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa2"}'''
-WRONG['3.6']['the fifth statement left out'] = '''# Exercise 3.6
-orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
-          "intensity_grows_with_Br": "fa2"}'''
-WRONG['3.6']['intensity credited to FA1, the rest right'] = '''# Exercise 3.6
-orders = {"o_written_once": "fa2", "kv_loaded_once": "fa1", "lm_in_hbm": "fa1",
-          "intensity_grows_with_Br": "fa1", "more_bytes_for_long_rows": "fa1"}'''
+WRONG['3.6']['more_bytes_for_long_rows answered fa2'] = edit(official('3.6'),
+    ('          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa1"}',
+     '          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa2"}'))
+WRONG['3.6']['the fifth statement left out'] = edit(official('3.6'),
+    ('          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa1"}',
+     '          "intensity_grows_with_Br": "fa2"}'))
+WRONG['3.6']['intensity credited to FA1, the rest right'] = edit(official('3.6'),
+    ('          "intensity_grows_with_Br": "fa2", "more_bytes_for_long_rows": "fa1"}',
+     '          "intensity_grows_with_Br": "fa1", "more_bytes_for_long_rows": "fa1"}'))
 # exact while the row's maximum comes before the masked key and beats the later scores by
 # far (then exp(m) times a tiny den is what it should be): a hidden case has [1, -inf, 0]
-WRONG["3.1"]["the safe shift tested on the score, not on the new maximum"] = '''# Exercise 3.1
-def attention_update(state, x, v):
-    m, den, num = state
-    m_new = torch.maximum(m, x)
-    shift = torch.where(torch.isneginf(x), torch.zeros_like(m_new), m_new)
-    r = torch.exp(m - shift)
-    w = torch.exp(x - shift)
-    return m_new, r * den + w, r * num + w * v'''
+WRONG["3.1"]["the safe shift tested on the score, not on the new maximum"] = edit(official('3.1'),
+    ('    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)',
+     '    shift = torch.where(torch.isneginf(x), torch.zeros_like(m_new), m_new)'))
 # the first term measured from 0 while m says it is x0: exact when x0 is near 0, and a hidden
 # case starts at 40
-WRONG["3.1"]["shift by 0 while the old max is -inf (first term unshifted)"] = '''# Exercise 3.1
-def attention_update(state, x, v):
-    m, den, num = state
-    m_new = torch.maximum(m, x)
-    shift = torch.where(torch.isneginf(m), torch.zeros_like(m_new), m_new)
-    r = torch.exp(m - shift)
-    w = torch.exp(x - shift)
-    return m_new, r * den + w, r * num + w * v'''
+WRONG["3.1"]["shift by 0 while the old max is -inf (first term unshifted)"] = edit(official('3.1'),
+    ('    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)',
+     '    shift = torch.where(torch.isneginf(m), torch.zeros_like(m_new), m_new)'))

@@ -1,5 +1,7 @@
 """Wrong answers to problem set 4 (tiled attention)."""
 
+from tests.wrong_answers import edit, official
+
 _FLASH_HEAD = '''# Exercise 4.3
 def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -469,24 +471,16 @@ def fa1_walk(q, k, v, Br, Bc):
 
 # Round six: wrong answers caught on every draw of tests.wrong_answers.catch_rate
 # M == 4 d holds one row of each tile: (1, 1), not an error
-WRONG['4.1']['refuses M == 4 d (<= instead of <)'] = '''# Exercise 4.1
-def my_block_sizes(M, d):
-    if M <= 4 * d:
-        raise ValueError("M too small")
-    bc = M // (4 * d)
-    return min(bc, d), bc'''
+WRONG['4.1']['refuses M == 4 d (<= instead of <)'] = edit(official('4.1'),
+    ('    if M < 4 * d:\n        raise ValueError(f"M = {M} cannot hold four tiles of one row of d = {d} numbers")',
+     '    if M <= 4 * d:\n        raise ValueError("M too small")'))
 # an AssertionError is not the ValueError asked for (and python -O drops it)
-WRONG['4.1']['assert instead of ValueError'] = '''# Exercise 4.1
-def my_block_sizes(M, d):
-    assert M >= 4 * d, "M cannot hold the four tiles"
-    bc = M // (4 * d)
-    return min(bc, d), bc'''
-WRONG['4.1']['precedence: M // 4 * d'] = '''# Exercise 4.1
-def my_block_sizes(M, d):
-    if M < 4 * d:
-        raise ValueError("M too small")
-    bc = M // 4 * d
-    return min(bc, d), bc'''
+WRONG['4.1']['assert instead of ValueError'] = edit(official('4.1'),
+    ('    if M < 4 * d:\n        raise ValueError(f"M = {M} cannot hold four tiles of one row of d = {d} numbers")',
+     '    assert M >= 4 * d, "M cannot hold the four tiles"'))
+WRONG['4.1']['precedence: M // 4 * d'] = edit(official('4.1'),
+    ('        raise ValueError(f"M = {M} cannot hold four tiles of one row of d = {d} numbers")\n    bc = M // (4 * d)',
+     '        raise ValueError("M too small")\n    bc = M // 4 * d'))
 # the slice is shorter than cols when the tile's keys reach past i0 + rows
 WRONG['4.2']['the full mask sized by the queries only (keys past the last query cut off)'] = '''# Exercise 4.2
 def tile_visible(i0, j0, rows, cols):
@@ -496,148 +490,29 @@ WRONG['4.2']['tril with the diagonal j0 - i0 (sign flipped)'] = '''# Exercise 4.
 def tile_visible(i0, j0, rows, cols):
     return torch.ones(rows, cols, dtype=torch.bool).tril(j0 - i0)'''
 # 4.3 uses SDPA's rule (query i sees keys j <= i); decoding's bottom-right alignment differs whenever Nq != Nk
-WRONG['4.3']['bottom-right causal (Nk - Nq offset)'] = '''# Exercise 4.3
-def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    nq, nk = q.shape[2], k.shape[2]
-    off = nk - nq
-    o = torch.empty_like(q)
-    for i0 in range(0, nq, Br):
-        qi = q[:, :, i0:i0 + Br].float()
-        rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], float("-inf"))
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
-        for j0 in range(0, nk, Bc):
-            if is_causal and j0 > i0 + off + rows - 1:
-                break
-            kj = k[:, :, j0:j0 + Bc].float()
-            vj = v[:, :, j0:j0 + Bc].float()
-            s = qi @ kj.transpose(-1, -2) * scale
-            if is_causal:
-                s = s.masked_fill(~tile_visible(i0 + off, j0, rows, kj.shape[2]), float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            l = alpha * l + p.sum(-1)
-            acc = alpha[..., None] * acc + p @ vj
-            m = m_new
-        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
-    return o'''
+WRONG['4.3']['bottom-right causal (Nk - Nq offset)'] = edit(official('4.3'),
+    ('    nq, nk = q.shape[2], k.shape[2]',
+     '    nq, nk = q.shape[2], k.shape[2]\n    off = nk - nq'), 
+    ('            if is_causal and j0 > i0 + rows - 1:',
+     '            if is_causal and j0 > i0 + off + rows - 1:'), 
+    ('                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))',
+     '                s = s.masked_fill(~tile_visible(i0 + off, j0, rows, kj.shape[2]), float("-inf"))'))
 # right only where both tiles are full; the ragged last tiles do not broadcast
-WRONG['4.3']['the mask built with the nominal Br x Bc (ragged last tiles)'] = '''# Exercise 4.3
-def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    nq, nk = q.shape[2], k.shape[2]
-    o = torch.empty_like(q)
-    for i0 in range(0, nq, Br):
-        qi = q[:, :, i0:i0 + Br].float()
-        rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], float("-inf"))
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
-        for j0 in range(0, nk, Bc):
-            if is_causal and j0 > i0 + rows - 1:
-                break
-            kj = k[:, :, j0:j0 + Bc].float()
-            vj = v[:, :, j0:j0 + Bc].float()
-            s = qi @ kj.transpose(-1, -2) * scale
-            if is_causal:
-                s = s.masked_fill(~tile_visible(i0, j0, Br, Bc), float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            l = alpha * l + p.sum(-1)
-            acc = alpha[..., None] * acc + p @ vj
-            m = m_new
-        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
-    return o'''
+WRONG['4.3']['the mask built with the nominal Br x Bc (ragged last tiles)'] = edit(official('4.3'),
+    ('                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))',
+     '                s = s.masked_fill(~tile_visible(i0, j0, Br, Bc), float("-inf"))'))
 # right only when Nq == Nk
-WRONG['4.3']['key loop bounded by Nq (range(0, nq, Bc))'] = '''# Exercise 4.3
-def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    nq, nk = q.shape[2], k.shape[2]
-    o = torch.empty_like(q)
-    for i0 in range(0, nq, Br):
-        qi = q[:, :, i0:i0 + Br].float()
-        rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], float("-inf"))
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
-        for j0 in range(0, nq, Bc):
-            if is_causal and j0 > i0 + rows - 1:
-                break
-            kj = k[:, :, j0:j0 + Bc].float()
-            vj = v[:, :, j0:j0 + Bc].float()
-            s = qi @ kj.transpose(-1, -2) * scale
-            if is_causal:
-                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            l = alpha * l + p.sum(-1)
-            acc = alpha[..., None] * acc + p @ vj
-            m = m_new
-        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
-    return o'''
+WRONG['4.3']['key loop bounded by Nq (range(0, nq, Bc))'] = edit(official('4.3'),
+    ('        for j0 in range(0, nk, Bc):',
+     '        for j0 in range(0, nq, Bc):'))
 # changes the caller's q
-WRONG['4.3']['the scale applied to q in place'] = '''# Exercise 4.3
-def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    nq, nk = q.shape[2], k.shape[2]
-    q.mul_(scale)
-    scale = 1.0
-    o = torch.empty_like(q)
-    for i0 in range(0, nq, Br):
-        qi = q[:, :, i0:i0 + Br].float()
-        rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], float("-inf"))
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
-        for j0 in range(0, nk, Bc):
-            if is_causal and j0 > i0 + rows - 1:
-                break
-            kj = k[:, :, j0:j0 + Bc].float()
-            vj = v[:, :, j0:j0 + Bc].float()
-            s = qi @ kj.transpose(-1, -2) * scale
-            if is_causal:
-                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            l = alpha * l + p.sum(-1)
-            acc = alpha[..., None] * acc + p @ vj
-            m = m_new
-        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
-    return o'''
+WRONG['4.3']['the scale applied to q in place'] = edit(official('4.3'),
+    ('    nq, nk = q.shape[2], k.shape[2]',
+     '    nq, nk = q.shape[2], k.shape[2]\n    q.mul_(scale)\n    scale = 1.0'))
 # with Br != Bc the diagonal crosses tiles that do not start at i0
-WRONG['4.3']["the mask applied only on the query tile's diagonal-start tile (j0 == i0)"] = '''# Exercise 4.3
-def my_flash_attention(q, k, v, is_causal=False, Br=16, Bc=16):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    nq, nk = q.shape[2], k.shape[2]
-    o = torch.empty_like(q)
-    for i0 in range(0, nq, Br):
-        qi = q[:, :, i0:i0 + Br].float()
-        rows = qi.shape[2]
-        m = torch.full(qi.shape[:-1], float("-inf"))
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(qi)
-        for j0 in range(0, nk, Bc):
-            if is_causal and j0 > i0 + rows - 1:
-                break
-            kj = k[:, :, j0:j0 + Bc].float()
-            vj = v[:, :, j0:j0 + Bc].float()
-            s = qi @ kj.transpose(-1, -2) * scale
-            if is_causal and j0 == i0:
-                s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            l = alpha * l + p.sum(-1)
-            acc = alpha[..., None] * acc + p @ vj
-            m = m_new
-        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)
-    return o'''
+WRONG['4.3']["the mask applied only on the query tile's diagonal-start tile (j0 == i0)"] = edit(official('4.3'),
+    ('            if is_causal:',
+     '            if is_causal and j0 == i0:'))
 WRONG['4.4']["predicted_output 'inf' (tiles right)"] = '''# Exercise 4.4
 predicted_tile = {"fp16": 4, "fp32": 37}
 predicted_output = "inf"'''
@@ -656,158 +531,43 @@ big = torch.randn(1, 4) * 100
 k_special = torch.randn(1, 1, 32, 4)
 k_special[0, 0, ::8] = big'''
 # the noise moves each tile's maximum by about 1e-3, far outside the check's 1e-5
-WRONG['4.5']['k_special: the same keys per tile up to a small noise'] = '''# Exercise 4.5
-prediction_4_5 = "finite_but_wrong"
-k_special = torch.randn(1, 1, 8, 4).repeat(1, 1, 4, 1) + 1e-3 * torch.randn(1, 1, 32, 4)'''
+WRONG['4.5']['k_special: the same keys per tile up to a small noise'] = edit(official('4.5'),
+    ('tile_keys = torch.randn(1, 1, 8, 4)\nk_special = tile_keys.repeat(1, 1, 4, 1)     # every tile holds the same keys: the same max per row',
+     'k_special = torch.randn(1, 1, 8, 4).repeat(1, 1, 4, 1) + 1e-3 * torch.randn(1, 1, 32, 4)'))
 # the second half of each group goes to the next kv head
-WRONG['4.6']['kv head round(h / group)'] = '''# Exercise 4.6
-def decode_step(q_new, k_cache, v_cache):
-    hq, hkv = q_new.shape[1], k_cache.shape[1]
-    group = hq // hkv
-    outs = []
-    for h in range(hq):
-        kv = round(h / group)
-        qh = q_new[:, h].float()
-        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
-        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv].float()).to(q_new.dtype))
-    return torch.stack(outs, dim=1)'''
+WRONG['4.6']['kv head round(h / group)'] = edit(official('4.6'),
+    ('        kv = h // group\n        qh = q_new[:, h].float()                                  # (B, 1, D)',
+     '        kv = round(h / group)\n        qh = q_new[:, h].float()'))
 # the cache includes the new token, which sees itself
-WRONG['4.6']["the new token's own key left out (keys :L-1)"] = '''# Exercise 4.6
-def decode_step(q_new, k_cache, v_cache):
-    hq, hkv = q_new.shape[1], k_cache.shape[1]
-    group = hq // hkv
-    outs = []
-    for h in range(hq):
-        kv = h // group
-        qh = q_new[:, h].float()
-        s = qh @ k_cache[:, kv, :-1].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
-        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv, :-1].float()).to(q_new.dtype))
-    return torch.stack(outs, dim=1)'''
-WRONG['4.6']['the softmax over the query axis (dim=-2)'] = '''# Exercise 4.6
-def decode_step(q_new, k_cache, v_cache):
-    hq, hkv = q_new.shape[1], k_cache.shape[1]
-    group = hq // hkv
-    outs = []
-    for h in range(hq):
-        kv = h // group
-        qh = q_new[:, h].float()
-        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
-        outs.append((torch.softmax(s, dim=-2) @ v_cache[:, kv].float()).to(q_new.dtype))
-    return torch.stack(outs, dim=1)'''
-WRONG['4.6']['scale 1/sqrt(L)'] = '''# Exercise 4.6
-def decode_step(q_new, k_cache, v_cache):
-    hq, hkv = q_new.shape[1], k_cache.shape[1]
-    group = hq // hkv
-    outs = []
-    for h in range(hq):
-        kv = h // group
-        qh = q_new[:, h].float()
-        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(k_cache.shape[2])
-        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv].float()).to(q_new.dtype))
-    return torch.stack(outs, dim=1)'''
+WRONG['4.6']["the new token's own key left out (keys :L-1)"] = edit(official('4.6'),
+    ('        qh = q_new[:, h].float()                                  # (B, 1, D)\n        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])\n        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv].float()).to(q_new.dtype))',
+     '        qh = q_new[:, h].float()\n        s = qh @ k_cache[:, kv, :-1].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])\n        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv, :-1].float()).to(q_new.dtype))'))
+WRONG['4.6']['the softmax over the query axis (dim=-2)'] = edit(official('4.6'),
+    ('        qh = q_new[:, h].float()                                  # (B, 1, D)',
+     '        qh = q_new[:, h].float()'), 
+    ('        outs.append((torch.softmax(s, dim=-1) @ v_cache[:, kv].float()).to(q_new.dtype))',
+     '        outs.append((torch.softmax(s, dim=-2) @ v_cache[:, kv].float()).to(q_new.dtype))'))
+WRONG['4.6']['scale 1/sqrt(L)'] = edit(official('4.6'),
+    ('        qh = q_new[:, h].float()                                  # (B, 1, D)\n        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])',
+     '        qh = q_new[:, h].float()\n        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(k_cache.shape[2])'))
 # the recorded O of a query tile changes when a later key tile updates it
-WRONG['4.7']['steps hold views of O (no clone): later steps overwrite them'] = '''# Exercise 4.7
-def fa1_walk(q, k, v, Br, Bc):
-    n, d = q.shape
-    m = torch.full((n,), float("-inf"))
-    l = torch.zeros(n)
-    o = torch.zeros(n, d)
-    steps = []
-    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
-        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
-        for i, r0 in enumerate(range(0, n, Br)):
-            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
-            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
-            m_new = torch.maximum(m_old, s.amax(-1))
-            p = torch.exp(s - m_new[:, None])
-            a = torch.exp(m_old - m_new)
-            l_new = a * l_old + p.sum(-1)
-            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
-            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br]))
-    return o, steps'''
+WRONG['4.7']['steps hold views of O (no clone): later steps overwrite them'] = edit(official('4.7'),
+    ('            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))',
+     '            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br]))'))
 # the recorded m and l change with every later key tile
-WRONG['4.7']['steps hold views of m and l (no clone)'] = '''# Exercise 4.7
-def fa1_walk(q, k, v, Br, Bc):
-    n, d = q.shape
-    m = torch.full((n,), float("-inf"))
-    l = torch.zeros(n)
-    o = torch.zeros(n, d)
-    steps = []
-    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
-        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
-        for i, r0 in enumerate(range(0, n, Br)):
-            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
-            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
-            m_new = torch.maximum(m_old, s.amax(-1))
-            p = torch.exp(s - m_new[:, None])
-            a = torch.exp(m_old - m_new)
-            l_new = a * l_old + p.sum(-1)
-            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
-            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m[r0:r0 + Br], l[r0:r0 + Br], o[r0:r0 + Br].clone()))
-    return o, steps'''
+WRONG['4.7']['steps hold views of m and l (no clone)'] = edit(official('4.7'),
+    ('            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))',
+     '            steps.append((j, i, m[r0:r0 + Br], l[r0:r0 + Br], o[r0:r0 + Br].clone()))'))
 # the old output is un-normalised but not moved to the new maximum
-WRONG['4.7']['old O times l_old without exp(m_old - m_new)'] = '''# Exercise 4.7
-def fa1_walk(q, k, v, Br, Bc):
-    n, d = q.shape
-    m = torch.full((n,), float("-inf"))
-    l = torch.zeros(n)
-    o = torch.zeros(n, d)
-    steps = []
-    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
-        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
-        for i, r0 in enumerate(range(0, n, Br)):
-            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
-            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
-            m_new = torch.maximum(m_old, s.amax(-1))
-            p = torch.exp(s - m_new[:, None])
-            a = torch.exp(m_old - m_new)
-            l_new = a * l_old + p.sum(-1)
-            o[r0:r0 + Br] = (l_old[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
-            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
-    return o, steps'''
-WRONG['4.7']["the tiles' first positions (c0, r0) in place of their indices"] = '''# Exercise 4.7
-def fa1_walk(q, k, v, Br, Bc):
-    n, d = q.shape
-    m = torch.full((n,), float("-inf"))
-    l = torch.zeros(n)
-    o = torch.zeros(n, d)
-    steps = []
-    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
-        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
-        for i, r0 in enumerate(range(0, n, Br)):
-            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
-            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
-            m_new = torch.maximum(m_old, s.amax(-1))
-            p = torch.exp(s - m_new[:, None])
-            a = torch.exp(m_old - m_new)
-            l_new = a * l_old + p.sum(-1)
-            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
-            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((c0, r0, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
-    return o, steps'''
-WRONG['4.7']['each step as (i, j, ...), not (j, i, ...)'] = '''# Exercise 4.7
-def fa1_walk(q, k, v, Br, Bc):
-    n, d = q.shape
-    m = torch.full((n,), float("-inf"))
-    l = torch.zeros(n)
-    o = torch.zeros(n, d)
-    steps = []
-    for j, c0 in enumerate(range(0, k.shape[0], Bc)):
-        kj, vj = k[c0:c0 + Bc].float(), v[c0:c0 + Bc].float()
-        for i, r0 in enumerate(range(0, n, Br)):
-            s = q[r0:r0 + Br].float() @ kj.T / math.sqrt(d)
-            m_old, l_old = m[r0:r0 + Br], l[r0:r0 + Br]
-            m_new = torch.maximum(m_old, s.amax(-1))
-            p = torch.exp(s - m_new[:, None])
-            a = torch.exp(m_old - m_new)
-            l_new = a * l_old + p.sum(-1)
-            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]
-            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new
-            steps.append((i, j, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))
-    return o, steps'''
+WRONG['4.7']['old O times l_old without exp(m_old - m_new)'] = edit(official('4.7'),
+    ('            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]',
+     '            o[r0:r0 + Br] = (l_old[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]'))
+WRONG['4.7']["the tiles' first positions (c0, r0) in place of their indices"] = edit(official('4.7'),
+    ('            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))',
+     '            steps.append((c0, r0, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))'))
+WRONG['4.7']['each step as (i, j, ...), not (j, i, ...)'] = edit(official('4.7'),
+    ('            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))',
+     '            steps.append((i, j, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))'))
 # scores rounded to fp16 (steps of 1/8 near 200): within fp16's tolerance while the softmax is
 # flat or one-hot, 6 % off in exp when every score is near 200 (a hidden case)
 WRONG["4.3"]["scores computed in q's dtype (fp16 matmul)"] = _flash_src(tile='''kj = k[:, :, j0:j0 + Bc].float()

@@ -1,5 +1,7 @@
 """Wrong answers to problem set 5 (the backward pass), as learners write them."""
 
+from tests.wrong_answers import edit, official
+
 WRONG = {
     "5.1": {
         "sums over the rows instead of the features": '''# Exercise 5.1
@@ -163,35 +165,33 @@ column_wise = {"dQ": "inner", "dK": "inner", "dV": "inner"}''',
 
 # Round six: wrong answers caught on every draw of tests.wrong_answers.catch_rate
 # squeeze() also drops size-1 batch, head or row axes: one row gives shape () instead of (1,)
-WRONG['5.1']['a batched matmul squeezed without a dim (size-1 axes dropped)'] = '''# Exercise 5.1
-def row_dot(o, do):
-    return (do.unsqueeze(-2) @ o.unsqueeze(-1)).squeeze()'''
+WRONG['5.1']['a batched matmul squeezed without a dim (size-1 axes dropped)'] = edit(official('5.1'),
+    ('    return (do * o).sum(dim=-1)',
+     '    return (do.unsqueeze(-2) @ o.unsqueeze(-1)).squeeze()'))
 # the right numbers in float64 (and an Nq x Nq matrix): D must keep the dtype of O
-WRONG['5.1']['the diagonal of dO O^T in float64'] = '''# Exercise 5.1
-def row_dot(o, do):
-    return (do.double() @ o.double().transpose(-1, -2)).diagonal(dim1=-2, dim2=-1)'''
+WRONG['5.1']['the diagonal of dO O^T in float64'] = edit(official('5.1'),
+    ('    return (do * o).sum(dim=-1)',
+     '    return (do.double() @ o.double().transpose(-1, -2)).diagonal(dim1=-2, dim2=-1)'))
 # swaps the batch axis with the rows when there are leading dimensions
 WRONG['5.2']['transpose(0, 1) in place of the last two axes'] = '''# Exercise 5.2
 def grads_through_pv(p, v, do):
     return do @ v.transpose(0, 1), p.transpose(0, 1) @ do'''
 # each batch entry has its own V: dV is not shared
-WRONG['5.2']['dV summed over the leading dimensions'] = '''# Exercise 5.2
-def grads_through_pv(p, v, do):
-    dp = do @ v.transpose(-1, -2)
-    dv = (p.transpose(-1, -2) @ do).sum(dim=tuple(range(p.dim() - 2)), keepdim=True).expand_as(v)
-    return dp, dv'''
+WRONG['5.2']['dV summed over the leading dimensions'] = edit(official('5.2'),
+    ('    dv = p.transpose(-1, -2) @ do',
+     '    dv = (p.transpose(-1, -2) @ do).sum(dim=tuple(range(p.dim() - 2)), keepdim=True).expand_as(v)'))
 # changes the caller's dP
-WRONG['5.3']['in place on dp (sub_ then mul_)'] = '''# Exercise 5.3
-def grad_scores(p, dp, D):
-    return dp.sub_(D[..., None]).mul_(p)'''
+WRONG['5.3']['in place on dp (sub_ then mul_)'] = edit(official('5.3'),
+    ('    return p * (dp - D[..., None])',
+     '    return dp.sub_(D[..., None]).mul_(p)'))
 # flattens the leading axes: a broadcast error, or right only with a single batch entry
-WRONG['5.3']['D.view(-1, 1): right only with one leading batch of one'] = '''# Exercise 5.3
-def grad_scores(p, dp, D):
-    return p * (dp - D.view(-1, 1))'''
+WRONG['5.3']['D.view(-1, 1): right only with one leading batch of one'] = edit(official('5.3'),
+    ('    return p * (dp - D[..., None])',
+     '    return p * (dp - D.view(-1, 1))'))
 # P (dP - D) rewritten with the mean of P instead of P itself
-WRONG['5.3']['D subtracted after the product (P dP - D, parenthesised wrong)'] = '''# Exercise 5.3
-def grad_scores(p, dp, D):
-    return (p * dp) - p.sum(-1, keepdim=True) * D[..., None] * p.mean(-1, keepdim=True)'''
+WRONG['5.3']['D subtracted after the product (P dP - D, parenthesised wrong)'] = edit(official('5.3'),
+    ('    return p * (dp - D[..., None])',
+     '    return (p * dp) - p.sum(-1, keepdim=True) * D[..., None] * p.mean(-1, keepdim=True)'))
 WRONG['5.4']['the scale squared'] = '''# Exercise 5.4
 def grads_through_scores(ds, q, k, scale):
     return scale ** 2 * ds @ k, scale ** 2 * ds.transpose(-1, -2) @ q'''
@@ -203,44 +203,25 @@ WRONG['5.4']['dQ and dK returned swapped'] = '''# Exercise 5.4
 def grads_through_scores(ds, q, k, scale):
     return scale * ds.transpose(-1, -2) @ q, scale * ds @ k'''
 # D sums over the whole row's keys, not one tile's: right only with a single key tile
-WRONG['5.5']['D recomputed from the tile (rowsum of P * dP over its keys only)'] = '''# Exercise 5.5 (2 points)
-def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
-    dp, dv_part = grads_through_pv(p, v_j, do_i)
-    ds = grad_scores(p, dp, (p * dp).sum(-1))
-    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
-    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part'''
+WRONG['5.5']['D recomputed from the tile (rowsum of P * dP over its keys only)'] = edit(official('5.5'),
+    ('    ds = grad_scores(p, dp, D_i)',
+     '    ds = grad_scores(p, dp, (p * dp).sum(-1))'))
 # lse is already in scaled units: exp(scale (s - lse)) is right only for scale 1
-WRONG['5.5']['the scale applied after subtracting lse'] = '''# Exercise 5.5 (2 points)
-def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-    p = torch.exp(scale * (q_i @ k_j.T - lse_i[:, None]))
-    dp, dv_part = grads_through_pv(p, v_j, do_i)
-    ds = grad_scores(p, dp, D_i)
-    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
-    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part'''
+WRONG['5.5']['the scale applied after subtracting lse'] = edit(official('5.5'),
+    ('    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])',
+     '    p = torch.exp(scale * (q_i @ k_j.T - lse_i[:, None]))'))
 # float32 inside loses float64's digits (the check asks 1e-9)
-WRONG['5.5']['P rebuilt in float32'] = '''# Exercise 5.5 (2 points)
-def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-    p = torch.exp(scale * q_i.float() @ k_j.float().T - lse_i.float()[:, None]).to(q_i.dtype)
-    dp, dv_part = grads_through_pv(p, v_j, do_i)
-    ds = grad_scores(p, dp, D_i)
-    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
-    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part'''
-WRONG['5.5']['dK and dV returned in the wrong order'] = '''# Exercise 5.5 (2 points)
-def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
-    dp, dv_part = grads_through_pv(p, v_j, do_i)
-    ds = grad_scores(p, dp, D_i)
-    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
-    return dq_i + dq_part, dv_j + dv_part, dk_j + dk_part'''
-WRONG['5.5']['dV from dS instead of P'] = '''# Exercise 5.5 (2 points)
-def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
-    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
-    dp, _ = grads_through_pv(p, v_j, do_i)
-    ds = grad_scores(p, dp, D_i)
-    dv_part = ds.T @ do_i
-    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
-    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part'''
+WRONG['5.5']['P rebuilt in float32'] = edit(official('5.5'),
+    ('    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])',
+     '    p = torch.exp(scale * q_i.float() @ k_j.float().T - lse_i.float()[:, None]).to(q_i.dtype)'))
+WRONG['5.5']['dK and dV returned in the wrong order'] = edit(official('5.5'),
+    ('    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part',
+     '    return dq_i + dq_part, dv_j + dv_part, dk_j + dk_part'))
+WRONG['5.5']['dV from dS instead of P'] = edit(official('5.5'),
+    ('    dp, dv_part = grads_through_pv(p, v_j, do_i)',
+     '    dp, _ = grads_through_pv(p, v_j, do_i)'), 
+    ('    ds = grad_scores(p, dp, D_i)',
+     '    ds = grad_scores(p, dp, D_i)\n    dv_part = ds.T @ do_i'))
 # right only when Bc divides Nk; the hidden Nk = 1000 with Bc = 96 is ragged
 WRONG['5.6']['whole tiles counted (Tc * Bc * d: the last tile padded)'] = '''# Exercise 5.6
 def backward_reads(Nq, Nk, d, Br, Bc):
@@ -255,9 +236,9 @@ WRONG['5.6']['the extra sweep reads K once per query tile'] = '''# Exercise 5.6
 def backward_reads(Nq, Nk, d, Br, Bc):
     tr = -(-Nq // Br)
     return Nk * d, Nk * d + tr * Nk * d, Nq * d'''
-WRONG['5.7']['the column-wise answers copied from the row-wise'] = '''# Exercise 5.7
-row_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}
-column_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}'''
-WRONG['5.7']['dV inner in the row-wise schedule'] = '''# Exercise 5.7
-row_wise = {"dQ": "inner", "dK": "outer", "dV": "inner"}
-column_wise = {"dQ": "outer", "dK": "inner", "dV": "inner"}'''
+WRONG['5.7']['the column-wise answers copied from the row-wise'] = edit(official('5.7'),
+    ('column_wise = {"dQ": "outer", "dK": "inner", "dV": "inner"}',
+     'column_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}'))
+WRONG['5.7']['dV inner in the row-wise schedule'] = edit(official('5.7'),
+    ('row_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}',
+     'row_wise = {"dQ": "inner", "dK": "outer", "dV": "inner"}'))

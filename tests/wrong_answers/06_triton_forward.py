@@ -1,5 +1,7 @@
 """Wrong answers to problem set 6 (Triton forward), as learners write them."""
 
+from tests.wrong_answers import edit, official
+
 _WRAPPER = '''
 
 
@@ -451,20 +453,9 @@ def axpy(x, y, alpha, block=64):
     out = torch.empty_like(x)
     launch(axpy_kernel, (triton.cdiv(x.numel(), block),), x, y, out, alpha, x.numel(), BLOCK=block)
     return out'''
-WRONG['6.1']['alpha on y (x + alpha * y)'] = '''# Exercise 6.1
-@triton.jit
-def axpy_kernel(X, Y, OUT, alpha, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(X + offs, mask=mask)
-    y = tl.load(Y + offs, mask=mask)
-    tl.store(OUT + offs, x + alpha * y, mask=mask)
-
-
-def axpy(x, y, alpha, block=64):
-    out = torch.empty_like(x)
-    launch(axpy_kernel, (triton.cdiv(x.numel(), block),), x, y, out, alpha, x.numel(), BLOCK=block)
-    return out'''
+WRONG['6.1']['alpha on y (x + alpha * y)'] = edit(official('6.1'),
+    ('    tl.store(OUT + offs, alpha * x + y, mask=mask)',
+     '    tl.store(OUT + offs, x + alpha * y, mask=mask)'))
 # right only when BM divides Nq
 WRONG['6.2']['the short last query tile dropped (Nq // BM tiles)'] = '''# Exercise 6.2
 def causal_tile_counts(Nq, Nk, BM, BN):
@@ -503,219 +494,47 @@ def qk_scale_for(head_dim, sm_scale=None):
         sm_scale = 1 / math.sqrt(head_dim)
     return (torch.tensor(sm_scale) * torch.log2(torch.tensor(math.e))).item()'''
 # (BLOCK_M,) against (BLOCK_M, D) lines up with D: wrong columns when D == BLOCK_M, an error otherwise
-WRONG['6.4']['alpha not broadcast per row (acc * alpha)'] = '''# Exercise 6.4
-@triton.jit
-def online_update(m, l, acc, s, v):
-    m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha + tl.dot(p, v)
-    return m_new, l, acc'''
+WRONG['6.4']['alpha not broadcast per row (acc * alpha)'] = edit(official('6.4'),
+    ('    acc = acc * alpha[:, None] + tl.dot(p, v)',
+     '    acc = acc * alpha + tl.dot(p, v)'))
 # the tile's probabilities measured from m while l and acc move to m_new
-WRONG['6.4']['p measured from the old maximum'] = '''# Exercise 6.4
-@triton.jit
-def online_update(m, l, acc, s, v):
-    m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - tl.where(m == float('-inf'), m_new, m)[:, None])
-    l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p, v)
-    return m_new, l, acc'''
+WRONG['6.4']['p measured from the old maximum'] = edit(official('6.4'),
+    ('    p = tl.exp2(s - m_new[:, None])',
+     "    p = tl.exp2(s - tl.where(m == float('-inf'), m_new, m)[:, None])"))
 # a key tile that starts exactly on the last row's diagonal holds one visible key
-WRONG['6.5']["skipped with >= (the last row's diagonal key skipped)"] = '''# Exercise 6.5
-def tile_kind(r0, r1, c0, c1, offset=0):
-    if c1 < r0 + offset:
-        return "off-band"
-    if c0 >= r1 + offset:
-        return "skipped"
-    return "on-band"'''
+WRONG['6.5']["skipped with >= (the last row's diagonal key skipped)"] = edit(official('6.5'),
+    ('    if c0 > r1 + offset:',
+     '    if c0 >= r1 + offset:'))
 # off-band needs the first row's diagonal: rows above the last still mask part of the tile
-WRONG['6.5']["off-band against the last row's diagonal"] = '''# Exercise 6.5
-def tile_kind(r0, r1, c0, c1, offset=0):
-    if c1 < r1 + offset:
-        return "off-band"
-    if c0 > r1 + offset:
-        return "skipped"
-    return "on-band"'''
+WRONG['6.5']["off-band against the last row's diagonal"] = edit(official('6.5'),
+    ('    if c1 < r0 + offset:',
+     '    if c1 < r1 + offset:'))
 # the padded rows of the last query tile write past LSE's NQ entries
-WRONG['6.6']['LSE stored without the row mask'] = '''# Exercise 6.6 (2 points)
-@triton.jit
-def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D)
-    row_ok = rows < NQ
-    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    shift = NK - NQ
-    end = NK
-    if CAUSAL:
-        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
-    for start in range(0, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < NK
-        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None] + shift)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
-    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453)'''
-WRONG['6.6']['exp instead of exp2 on base-2 scores'] = '''# Exercise 6.6 (2 points)
-@triton.jit
-def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D)
-    row_ok = rows < NQ
-    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    shift = NK - NQ
-    end = NK
-    if CAUSAL:
-        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
-    for start in range(0, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < NK
-        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None] + shift)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
-    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
+WRONG['6.6']['LSE stored without the row mask'] = edit(official('6.6'),
+    ('        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with nothing visible yet',
+     '        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)'), 
+    ('    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)',
+     '    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453)'))
+WRONG['6.6']['exp instead of exp2 on base-2 scores'] = edit(official('6.6'),
+    ('        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with nothing visible yet\n        alpha = tl.exp2(m - m_ref)\n        p = tl.exp2(s - m_ref[:, None])',
+     '        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)\n        alpha = tl.exp(m - m_ref)\n        p = tl.exp(s - m_ref[:, None])'))
 # right only when NQ == NK
-WRONG['6.6']['causal shift with the wrong sign (NQ - NK)'] = '''# Exercise 6.6 (2 points)
-@triton.jit
-def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D)
-    row_ok = rows < NQ
-    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    shift = NQ - NK
-    end = NK
-    if CAUSAL:
-        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
-    for start in range(0, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < NK
-        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None] + shift)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
-    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
-WRONG['6.6']['strict causal mask (<): the diagonal key hidden'] = '''# Exercise 6.6 (2 points)
-@triton.jit
-def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D)
-    row_ok = rows < NQ
-    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    shift = NK - NQ
-    end = NK
-    if CAUSAL:
-        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
-    for start in range(0, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < NK
-        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] < rows[:, None] + shift)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
-    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
+WRONG['6.6']['causal shift with the wrong sign (NQ - NK)'] = edit(official('6.6'),
+    ('    shift = NK - NQ',
+     '    shift = NQ - NK'), 
+    ('        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with nothing visible yet',
+     '        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)'))
+WRONG['6.6']['strict causal mask (<): the diagonal key hidden'] = edit(official('6.6'),
+    ('            keep = keep & (cols[None, :] <= rows[:, None] + shift)',
+     '            keep = keep & (cols[None, :] < rows[:, None] + shift)'), 
+    ('        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with nothing visible yet',
+     '        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)'))
 # right only when NQ == NK
-WRONG['6.6']['the non-causal loop over NQ keys'] = '''# Exercise 6.6 (2 points)
-@triton.jit
-def fa2_fwd_kernel(Q, K, V, O, LSE, NQ, NK, qk_scale, CAUSAL: tl.constexpr, D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    d = tl.arange(0, D)
-    row_ok = rows < NQ
-    q = tl.load(Q + bh * NQ * D + rows[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    shift = NK - NQ
-    end = NQ
-    if CAUSAL:
-        end = tl.minimum(NK, (tl.program_id(0) + 1) * BLOCK_M + shift)
-    for start in range(0, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_ok = cols < NK
-        k = tl.load(K + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + bh * NK * D + cols[:, None] * D + d[None, :], mask=col_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        keep = col_ok[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None] + shift)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m = m_new
-    tl.store(O + bh * NQ * D + rows[:, None] * D + d[None, :], acc / l[:, None], mask=row_ok[:, None])
-    tl.store(LSE + bh * NQ + rows, (m + tl.log2(l)) * 0.6931471805599453, mask=row_ok)'''
+WRONG['6.6']['the non-causal loop over NQ keys'] = edit(official('6.6'),
+    ('    end = NK',
+     '    end = NQ'), 
+    ('        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)     # a row with nothing visible yet',
+     '        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)'))
 # a running maximum never below 0 is exact while some score of every row is above about -100
 # (in base 2); a hidden case puts every score near -300, where exp2(s - 0) underflows to 0 / 0
 WRONG["6.4"]["the running max clamped at 0 (never below)"] = _UPDATE.replace(

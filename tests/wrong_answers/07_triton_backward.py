@@ -1,5 +1,7 @@
 """Wrong answers to problem set 7 (Triton backward), as learners write them."""
 
+from tests.wrong_answers import edit, official
+
 WRONG = {
     "7.1": {
         "sums over the rows (axis 0)": '''# Exercise 7.1
@@ -310,113 +312,69 @@ def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
 
 
 # Round six: wrong answers caught on every draw of tests.wrong_answers.catch_rate
-WRONG['7.1']['mean over the features, not the sum'] = '''# Exercise 7.1
-@triton.jit
-def row_delta(o, do):
-    return tl.sum(o * do, 1) / o.shape[1]'''
-WRONG['7.1']['O times O (dO forgotten)'] = '''# Exercise 7.1
-@triton.jit
-def row_delta(o, do):
-    return tl.sum(o * o, 1)'''
+WRONG['7.1']['mean over the features, not the sum'] = edit(official('7.1'),
+    ('    return tl.sum(o * do, 1)',
+     '    return tl.sum(o * do, 1) / o.shape[1]'))
+WRONG['7.1']['O times O (dO forgotten)'] = edit(official('7.1'),
+    ('    return tl.sum(o * do, 1)',
+     '    return tl.sum(o * o, 1)'))
 # Delta belongs to the query rows, the columns of P^T
-WRONG['7.2']['Delta broadcast along the key axis (delta[:, None])'] = '''# Exercise 7.2
-@triton.jit
-def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
-    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])
-    dv += tl.dot(pT, do)
-    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[:, None])
-    dk += tl.dot(dsT, tl.trans(qT))
-    return dk, dv'''
+WRONG['7.2']['Delta broadcast along the key axis (delta[:, None])'] = edit(official('7.2'),
+    ('    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])',
+     '    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[:, None])'))
 # lse is in scaled units already: right only for scale 1
-WRONG['7.2']['lse subtracted before the scale'] = '''# Exercise 7.2
-@triton.jit
-def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
-    pT = tl.exp((tl.dot(k, qT) - lse[None, :]) * scale)
-    dv += tl.dot(pT, do)
-    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
-    dk += tl.dot(dsT, tl.trans(qT))
-    return dk, dv'''
-WRONG['7.2']['dK from P^T, not dS^T'] = '''# Exercise 7.2
-@triton.jit
-def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
-    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])
-    dv += tl.dot(pT, do)
-    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
-    dk += tl.dot(pT, tl.trans(qT))
-    return dk, dv'''
+WRONG['7.2']['lse subtracted before the scale'] = edit(official('7.2'),
+    ('    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])',
+     '    pT = tl.exp((tl.dot(k, qT) - lse[None, :]) * scale)'))
+WRONG['7.2']['dK from P^T, not dS^T'] = edit(official('7.2'),
+    ('    dk += tl.dot(dsT, tl.trans(qT))',
+     '    dk += tl.dot(pT, tl.trans(qT))'))
 # Delta belongs to the query rows, the rows of P
-WRONG['7.3']['Delta broadcast along the query axis (delta[None, :])'] = '''# Exercise 7.3
-@triton.jit
-def dq_update(q, do, kT, vT, lse, delta, dq, scale):
-    p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])
-    ds = p * (tl.dot(do, vT) - delta[None, :])
-    return dq + tl.dot(ds, tl.trans(kT))'''
-WRONG['7.3']['P^T in place of dS (Delta and dP forgotten)'] = '''# Exercise 7.3
-@triton.jit
-def dq_update(q, do, kT, vT, lse, delta, dq, scale):
-    p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])
-    ds = p
-    return dq + tl.dot(ds, tl.trans(kT))'''
-WRONG['7.3']['the scale applied to the scores twice'] = '''# Exercise 7.3
-@triton.jit
-def dq_update(q, do, kT, vT, lse, delta, dq, scale):
-    p = tl.exp(tl.dot(q * scale, kT) * scale - lse[:, None])
-    ds = p * (tl.dot(do, vT) - delta[:, None])
-    return dq + tl.dot(ds, tl.trans(kT))'''
+WRONG['7.3']['Delta broadcast along the query axis (delta[None, :])'] = edit(official('7.3'),
+    ('    ds = p * (tl.dot(do, vT) - delta[:, None])',
+     '    ds = p * (tl.dot(do, vT) - delta[None, :])'))
+WRONG['7.3']['P^T in place of dS (Delta and dP forgotten)'] = edit(official('7.3'),
+    ('    ds = p * (tl.dot(do, vT) - delta[:, None])',
+     '    ds = p'))
+WRONG['7.3']['the scale applied to the scores twice'] = edit(official('7.3'),
+    ('    p = tl.exp(tl.dot(q, kT) * scale - lse[:, None])',
+     '    p = tl.exp(tl.dot(q * scale, kT) * scale - lse[:, None])'))
 # float32 digits against a 1e-10 float64 comparison
-WRONG['7.4']['summed in float32'] = '''# Exercise 7.4
-def group_sum(dk_per_query_head, group):
-    b, hq, n, d = dk_per_query_head.shape
-    return dk_per_query_head.reshape(b, hq // group, group, n, d).float().sum(2).double()'''
-WRONG['7.4']['keepdim: shape (B, Hkv, 1, N, D)'] = '''# Exercise 7.4
-def group_sum(dk_per_query_head, group):
-    b, hq, n, d = dk_per_query_head.shape
-    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(2, keepdim=True)'''
-WRONG['7.4']['the first head of each group times the group size'] = '''# Exercise 7.4
-def group_sum(dk_per_query_head, group):
-    return dk_per_query_head[:, ::group] * group'''
-WRONG['7.5']['ratio with integer division (7 // 2)'] = '''# Exercise 7.5
-bwd_matmuls_7_5 = 5
-ratio_7_5 = (2 + 5) // 2'''
-WRONG['7.5']["ratio over the backward's products (7 / 5)"] = '''# Exercise 7.5
-bwd_matmuls_7_5 = 5
-ratio_7_5 = (2 + 5) / 5'''
+WRONG['7.4']['summed in float32'] = edit(official('7.4'),
+    ('    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(2)',
+     '    return dk_per_query_head.reshape(b, hq // group, group, n, d).float().sum(2).double()'))
+WRONG['7.4']['keepdim: shape (B, Hkv, 1, N, D)'] = edit(official('7.4'),
+    ('    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(2)',
+     '    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(2, keepdim=True)'))
+WRONG['7.4']['the first head of each group times the group size'] = edit(official('7.4'),
+    ('    b, hq, n, d = dk_per_query_head.shape\n    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(2)',
+     '    return dk_per_query_head[:, ::group] * group'))
+WRONG['7.5']['ratio with integer division (7 // 2)'] = edit(official('7.5'),
+    ('ratio_7_5 = (2 + 5) / 2',
+     'ratio_7_5 = (2 + 5) // 2'))
+WRONG['7.5']["ratio over the backward's products (7 / 5)"] = edit(official('7.5'),
+    ('ratio_7_5 = (2 + 5) / 2',
+     'ratio_7_5 = (2 + 5) / 5'))
 # the gradient kernels read an unfilled Delta buffer
-WRONG['7.6']['Delta computed after the gradient kernels'] = '''# Exercise 7.6
-def flash_backward(q, k, v, o, lse, do):
-    delta = torch.empty(q.shape[:2], device=q.device, dtype=torch.float32)
-    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
-    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
-    delta_7_1(o, do, delta)
-    return dq, dk, dv'''
+WRONG['7.6']['Delta computed after the gradient kernels'] = edit(official('7.6'),
+    ('    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float32))',
+     '    delta = torch.empty(q.shape[:2], device=q.device, dtype=torch.float32)'), 
+    ('    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))',
+     '    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))\n    delta_7_1(o, do, delta)'))
 # Delta rounded to float16 before the gradient kernels read it
-WRONG['7.6']['Delta buffer in float16'] = '''# Exercise 7.6
-def flash_backward(q, k, v, o, lse, do):
-    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float16))
-    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
-    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
-    return dq, dk, dv'''
-WRONG['7.6']['q and k swapped in the dK/dV launch'] = '''# Exercise 7.6
-def flash_backward(q, k, v, o, lse, do):
-    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float32))
-    dk, dv = dkdv_7_2(k, q, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
-    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
-    return dq, dk, dv'''
-WRONG['7.6']['dQ and dV returned swapped'] = '''# Exercise 7.6
-def flash_backward(q, k, v, o, lse, do):
-    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float32))
-    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
-    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
-    return dv, dk, dq'''
+WRONG['7.6']['Delta buffer in float16'] = edit(official('7.6'),
+    ('    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float32))',
+     '    delta = delta_7_1(o, do, torch.empty(q.shape[:2], device=q.device, dtype=torch.float16))'))
+WRONG['7.6']['q and k swapped in the dK/dV launch'] = edit(official('7.6'),
+    ('    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))',
+     '    dk, dv = dkdv_7_2(k, q, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))'))
+WRONG['7.6']['dQ and dV returned swapped'] = edit(official('7.6'),
+    ('    return dq, dk, dv',
+     '    return dv, dk, dq'))
 # exp(s) * exp(-lse) is exp(s - lse) until a score passes 88.7 and exp(s) is inf in float32: a
 # hidden case puts every score near 100
-WRONG["7.2"]["P^T as exp(scores) * exp(-lse): overflows past a score of 88"] = '''# Exercise 7.2
-@triton.jit
-def dkdv_update(k, v, qT, do, lse, delta, dk, dv, scale):
-    pT = tl.exp(tl.dot(k, qT) * scale) * tl.exp(-lse)[None, :]
-    dv += tl.dot(pT, do)
-    dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
-    dk += tl.dot(dsT, tl.trans(qT))
-    return dk, dv'''
+WRONG["7.2"]["P^T as exp(scores) * exp(-lse): overflows past a score of 88"] = edit(official('7.2'),
+    ('    pT = tl.exp(tl.dot(k, qT) * scale - lse[None, :])',
+     '    pT = tl.exp(tl.dot(k, qT) * scale) * tl.exp(-lse)[None, :]'))
 WRONG["7.3"]["P as exp(scores) * exp(-lse): overflows past a score of 88"] = _DQ_UPDATE.replace(
     "tl.exp(tl.dot(q, kT) * scale - lse[:, None])", "tl.exp(tl.dot(q, kT) * scale) * tl.exp(-lse)[:, None]")

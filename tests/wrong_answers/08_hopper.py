@@ -1,5 +1,7 @@
 """Wrong answers to problem set 8 (Hopper schedules, FP8, profiles), as learners write them."""
 
+from tests.wrong_answers import edit, official
+
 WRONG = {
     "8.1": {
         "releases before the op that reads the slot": '''# Exercise 8.1
@@ -324,54 +326,19 @@ def phase_parity(j, stages):
 
 
 # Round six: wrong answers caught on every draw of tests.wrong_answers.catch_rate
-WRONG['8.1']["every release on k_empty (V's slots never released)"] = '''# Exercise 8.1
-def add_releases(schedule):
-    fixed = copy.deepcopy(schedule)
-    for wg in fixed.warpgroups:
-        if wg.role != "consumer":
-            continue
-        program = []
-        for ins in wg.program:
-            program.append(ins)
-            if isinstance(ins, sim.Op):
-                for buf in ins.reads:
-                    kind, slot = buf[0].lower(), buf[2:-1]
-                    program.append(sim.Arrive(f"k_empty[{slot}]"))
-        wg.program = program
-    return fixed'''
+WRONG['8.1']["every release on k_empty (V's slots never released)"] = edit(official('8.1'),
+    ('                    program.append(sim.Arrive(f"{kind}_empty[{slot}]"))',
+     '                    program.append(sim.Arrive(f"k_empty[{slot}]"))'))
 # a shallow copy shares the warpgroups, so assigning their programs changes the given schedule
-WRONG['8.1']['copy.copy: the warpgroups shared with the given schedule'] = '''# Exercise 8.1
-def add_releases(schedule):
-    fixed = copy.copy(schedule)
-    for wg in fixed.warpgroups:
-        if wg.role != "consumer":
-            continue
-        program = []
-        for ins in wg.program:
-            program.append(ins)
-            if isinstance(ins, sim.Op):
-                for buf in ins.reads:
-                    kind, slot = buf[0].lower(), buf[2:-1]
-                    program.append(sim.Arrive(f"{kind}_empty[{slot}]"))
-        wg.program = program
-    return fixed'''
+WRONG['8.1']['copy.copy: the warpgroups shared with the given schedule'] = edit(official('8.1'),
+    ('    fixed = copy.deepcopy(schedule)',
+     '    fixed = copy.copy(schedule)'))
 # a slot read again for a later block of the ring is never released again: the producer deadlocks
-WRONG['8.1']['releases only after the first op reading each slot'] = '''# Exercise 8.1
-def add_releases(schedule):
-    fixed = copy.deepcopy(schedule)
-    for wg in fixed.warpgroups:
-        if wg.role != "consumer":
-            continue
-        program, done = [], set()
-        for ins in wg.program:
-            program.append(ins)
-            if isinstance(ins, sim.Op):
-                for buf in [b for b in ins.reads if b not in done]:
-                    done.add(buf)
-                    kind, slot = buf[0].lower(), buf[2:-1]
-                    program.append(sim.Arrive(f"{kind}_empty[{slot}]"))
-        wg.program = program
-    return fixed'''
+WRONG['8.1']['releases only after the first op reading each slot'] = edit(official('8.1'),
+    ('        program = []',
+     '        program, done = [], set()'), 
+    ('                for buf in ins.reads:',
+     '                for buf in [b for b in ins.reads if b not in done]:\n                    done.add(buf)'))
 WRONG['8.2']["the first schedule that fits, in the simulator's order"] = '''# Exercise 8.2
 def choose(D, Bc):
     for name in sim.SCHEDULE_NAMES:
@@ -381,23 +348,19 @@ def choose(D, Bc):
             continue
         return name'''
 # e4m3 keeps fractions below 16: rounding to integers zeroes the small entries
-WRONG['8.3']['rounded to integers before the cast'] = '''# Exercise 8.3
-def quantize_block(x):
-    scale = x.abs().max() / fp8.FP8_MAX
-    return (x / scale).round().to(fp8.FP8_DTYPE), scale'''
+WRONG['8.3']['rounded to integers before the cast'] = edit(official('8.3'),
+    ('    return (x / scale).to(fp8.FP8_DTYPE), scale',
+     '    return (x / scale).round().to(fp8.FP8_DTYPE), scale'))
 # the scale itself is checked to 1e-5
-WRONG['8.3']['the scale rounded to float16'] = '''# Exercise 8.3
-def quantize_block(x):
-    scale = (x.abs().max() / fp8.FP8_MAX).half()
-    return (x / scale).to(fp8.FP8_DTYPE), scale'''
-WRONG['8.3']["e5m2's largest value (57344) in the scale"] = '''# Exercise 8.3
-def quantize_block(x):
-    scale = x.abs().max() / 57344.0
-    return (x / scale).to(fp8.FP8_DTYPE), scale'''
-WRONG['8.3']["the mean |x| as the block's size"] = '''# Exercise 8.3
-def quantize_block(x):
-    scale = x.abs().mean() / fp8.FP8_MAX
-    return (x / scale).to(fp8.FP8_DTYPE), scale'''
+WRONG['8.3']['the scale rounded to float16'] = edit(official('8.3'),
+    ('    scale = x.abs().max() / fp8.FP8_MAX',
+     '    scale = (x.abs().max() / fp8.FP8_MAX).half()'))
+WRONG['8.3']["e5m2's largest value (57344) in the scale"] = edit(official('8.3'),
+    ('    scale = x.abs().max() / fp8.FP8_MAX',
+     '    scale = x.abs().max() / 57344.0'))
+WRONG['8.3']["the mean |x| as the block's size"] = edit(official('8.3'),
+    ('    scale = x.abs().max() / fp8.FP8_MAX',
+     '    scale = x.abs().mean() / fp8.FP8_MAX'))
 WRONG['8.4']['scores Q K, the transpose forgotten'] = '''# Exercise 8.4
 def dq(x):
     x8, s = quantize_block(x)
@@ -424,14 +387,6 @@ rmse_plain = fp8.rmse(dq(qb) @ dq(kb).T, S)
 rmse_hadamard = fp8.rmse(dq(qb @ h) @ dq(kb @ h).T @ h.T, S)
 ratio_8_4 = rmse_plain / rmse_hadamard'''
 # counts every earlier block, not only those that went through this slot
-WRONG['8.6']['empty count: one arrival per earlier block of the ring'] = '''# Exercise 8.6
-def full_count(j, stages):
-    return j // stages + 1
-
-
-def empty_count(j, stages, consumers):
-    return consumers * (j - stages + 1)
-
-
-def phase_parity(j, stages):
-    return (j // stages) % 2'''
+WRONG['8.6']['empty count: one arrival per earlier block of the ring'] = edit(official('8.6'),
+    ('    return consumers * (j // stages)',
+     '    return consumers * (j - stages + 1)'))

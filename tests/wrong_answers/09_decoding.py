@@ -1,5 +1,7 @@
 """Wrong answers to problem set 9 (decoding), as learners write them."""
 
+from tests.wrong_answers import edit, official
+
 WRONG = {
     "9.1": {
         "counts only K": '''# Exercise 9.1
@@ -252,25 +254,12 @@ import torch
 def bottom_right_mask(nq, nk):
     return torch.ones(nk, nk, dtype=torch.bool).tril()[:nq]'''
 # the same weights until the row's visible scores sit far below a masked one: 0 / 0 with scores x100
-WRONG['9.4']['the mask applied after the exp (the max over masked keys too)'] = '''# Exercise 9.4
-def decode_attention_gqa(q, k_cache, v_cache):
-    b, hq, nq, d = q.shape
-    group = hq // k_cache.shape[1]
-    k = k_cache.float().repeat_interleave(group, dim=1)
-    v = v_cache.float().repeat_interleave(group, dim=1)
-    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
-    p = torch.exp(s - s.amax(dim=-1, keepdim=True)) * bottom_right_mask(nq, k.shape[2])
-    return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)'''
-WRONG['9.4']['the output left in float32'] = '''# Exercise 9.4
-def decode_attention_gqa(q, k_cache, v_cache):
-    b, hq, nq, d = q.shape
-    group = hq // k_cache.shape[1]
-    k = k_cache.float().repeat_interleave(group, dim=1)
-    v = v_cache.float().repeat_interleave(group, dim=1)
-    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
-    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))
-    p = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    return p @ v / p.sum(dim=-1, keepdim=True)'''
+WRONG['9.4']['the mask applied after the exp (the max over masked keys too)'] = edit(official('9.4'),
+    ('    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))\n    p = torch.exp(s - s.amax(dim=-1, keepdim=True))',
+     '    p = torch.exp(s - s.amax(dim=-1, keepdim=True)) * bottom_right_mask(nq, k.shape[2])'))
+WRONG['9.4']['the output left in float32'] = edit(official('9.4'),
+    ('    return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)',
+     '    return p @ v / p.sum(dim=-1, keepdim=True)'))
 # the grouping is right, but the stacked rows are not group * nq new tokens: each head's nq rows need the nq-token mask
 WRONG['9.4']["a group's heads stacked as rows, masked as group * nq tokens"] = '''# Exercise 9.4
 def decode_attention_gqa(q, k_cache, v_cache):
@@ -283,36 +272,16 @@ def decode_attention_gqa(q, k_cache, v_cache):
     p = torch.softmax(s, dim=-1)
     return (p @ v_cache.float()).reshape(b, hq, nq, d).to(q.dtype)'''
 # q.float() returns q itself for float32 input, so /= changes the caller's tensor
-WRONG['9.4']['scales q in place (q.float() is q for float32)'] = '''# Exercise 9.4
-def decode_attention_gqa(q, k_cache, v_cache):
-    b, hq, nq, d = q.shape
-    group = hq // k_cache.shape[1]
-    k = k_cache.float().repeat_interleave(group, dim=1)
-    v = v_cache.float().repeat_interleave(group, dim=1)
-    qf = q.float()
-    qf /= math.sqrt(d)
-    s = qf @ k.transpose(-1, -2)
-    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))
-    p = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)'''
+WRONG['9.4']['scales q in place (q.float() is q for float32)'] = edit(official('9.4'),
+    ('    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)',
+     '    qf = q.float()\n    qf /= math.sqrt(d)\n    s = qf @ k.transpose(-1, -2)'))
 # the numerator masked, the sum not: each row's weights no longer add up to 1
-WRONG['9.4']['denominator over every key (masked keys summed in)'] = '''# Exercise 9.4
-def decode_attention_gqa(q, k_cache, v_cache):
-    b, hq, nq, d = q.shape
-    group = hq // k_cache.shape[1]
-    k = k_cache.float().repeat_interleave(group, dim=1)
-    v = v_cache.float().repeat_interleave(group, dim=1)
-    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)
-    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    p = e * bottom_right_mask(nq, k.shape[2])
-    return (p @ v / e.sum(dim=-1, keepdim=True)).to(q.dtype)'''
-WRONG['9.5']['rescales acc but not l'] = '''# Exercise 9.5
-def merge_partials(m, l, acc):
-    m_all = m.amax(dim=0)
-    w = torch.exp(m - m_all)
-    l_all = l.sum(dim=0)
-    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
-    return o, m_all + torch.log(l_all)'''
+WRONG['9.4']['denominator over every key (masked keys summed in)'] = edit(official('9.4'),
+    ('    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))\n    p = torch.exp(s - s.amax(dim=-1, keepdim=True))\n    return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)',
+     '    e = torch.exp(s - s.amax(dim=-1, keepdim=True))\n    p = e * bottom_right_mask(nq, k.shape[2])\n    return (p @ v / e.sum(dim=-1, keepdim=True)).to(q.dtype)'))
+WRONG['9.5']['rescales acc but not l'] = edit(official('9.5'),
+    ('    l_all = (w * l).sum(dim=0)',
+     '    l_all = l.sum(dim=0)'))
 # acc / l is 0 / 0 for an empty chunk, and 0 times NaN is still NaN
 WRONG['9.5']['each chunk normalised first (acc / l): NaN from empty chunks'] = '''# Exercise 9.5
 def merge_partials(m, l, acc):
@@ -322,47 +291,31 @@ def merge_partials(m, l, acc):
     o = ((w / l_all)[..., None] * (acc / l[..., None])).sum(dim=0)
     return o, m_all + torch.log(l_all)'''
 # the output is right; exp(m_all) overflows (scores x100) or underflows (scores far below 0)
-WRONG['9.5']['lse as log(exp(m_all) * l_all): overflows for large scores'] = '''# Exercise 9.5
-def merge_partials(m, l, acc):
-    m_all = m.amax(dim=0)
-    w = torch.exp(m - m_all)
-    l_all = (w * l).sum(dim=0)
-    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
-    return o, torch.log(torch.exp(m_all) * l_all)'''
+WRONG['9.5']['lse as log(exp(m_all) * l_all): overflows for large scores'] = edit(official('9.5'),
+    ('    return o, m_all + torch.log(l_all)',
+     '    return o, torch.log(torch.exp(m_all) * l_all)'))
 # about 3 decimal digits per weight, far outside the check's 1e-4
-WRONG['9.5']['the weights rounded to float16'] = '''# Exercise 9.5
-def merge_partials(m, l, acc):
-    m_all = m.amax(dim=0)
-    w = torch.exp(m - m_all).half().float()
-    l_all = (w * l).sum(dim=0)
-    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
-    return o, m_all + torch.log(l_all)'''
-WRONG['9.5']['lse in base 2'] = '''# Exercise 9.5
-def merge_partials(m, l, acc):
-    m_all = m.amax(dim=0)
-    w = torch.exp(m - m_all)
-    l_all = (w * l).sum(dim=0)
-    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
-    return o, m_all + torch.log2(l_all)'''
+WRONG['9.5']['the weights rounded to float16'] = edit(official('9.5'),
+    ('    w = torch.exp(m - m_all)',
+     '    w = torch.exp(m - m_all).half().float()'))
+WRONG['9.5']['lse in base 2'] = edit(official('9.5'),
+    ('    return o, m_all + torch.log(l_all)',
+     '    return o, m_all + torch.log2(l_all)'))
 # a cache of 1023 keys gets 2 chunks, one shorter than 512
-WRONG['9.6']['the chunk cap rounded up (ceil(cache_len / 512))'] = '''# Exercise 9.6
-def num_splits_for(batch, kv_heads, cache_len, num_sms):
-    want = math.ceil(4 * num_sms / (batch * kv_heads))
-    return max(1, min(want, math.ceil(cache_len / 512)))'''
+WRONG['9.6']['the chunk cap rounded up (ceil(cache_len / 512))'] = edit(official('9.6'),
+    ('    return max(1, min(want, cache_len // 512))',
+     '    return max(1, min(want, math.ceil(cache_len / 512)))'))
 # 528 / 512 rounds to 1 and misses the target of 4 * num_sms programs
-WRONG['9.6']['rounded to nearest instead of up'] = '''# Exercise 9.6
-def num_splits_for(batch, kv_heads, cache_len, num_sms):
-    want = round(4 * num_sms / (batch * kv_heads))
-    return max(1, min(want, cache_len // 512))'''
-WRONG['9.6']['one program per SM targeted (4 forgotten)'] = '''# Exercise 9.6
-def num_splits_for(batch, kv_heads, cache_len, num_sms):
-    want = math.ceil(num_sms / (batch * kv_heads))
-    return max(1, min(want, cache_len // 512))'''
+WRONG['9.6']['rounded to nearest instead of up'] = edit(official('9.6'),
+    ('    want = math.ceil(4 * num_sms / (batch * kv_heads))',
+     '    want = round(4 * num_sms / (batch * kv_heads))'))
+WRONG['9.6']['one program per SM targeted (4 forgotten)'] = edit(official('9.6'),
+    ('    want = math.ceil(4 * num_sms / (batch * kv_heads))',
+     '    want = math.ceil(num_sms / (batch * kv_heads))'))
 # the rule counts keys, not bytes
-WRONG['9.6']['chunks of 512 bytes at 2 bytes a key (cache_len // 256)'] = '''# Exercise 9.6
-def num_splits_for(batch, kv_heads, cache_len, num_sms):
-    want = math.ceil(4 * num_sms / (batch * kv_heads))
-    return max(1, min(want, cache_len // 256))'''
+WRONG['9.6']['chunks of 512 bytes at 2 bytes a key (cache_len // 256)'] = edit(official('9.6'),
+    ('    return max(1, min(want, cache_len // 512))',
+     '    return max(1, min(want, cache_len // 256))'))
 # two decimals are exact while bytes_per_elem divides 2 (q / kv) (new tokens); a hidden case
 # has 3-byte elements
 WRONG["9.2"]["rounded to two decimals"] = '''# Exercise 9.2

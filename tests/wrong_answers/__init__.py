@@ -12,7 +12,10 @@
     }
 
 one entry per exercise of that problem set, each a dict from a short description of
-the mistake to the full source of an answer cell (first line ``# Exercise N.k``).
+the mistake to the full source of an answer cell (first line ``# Exercise N.k``). A
+mistake in a line or two of the official answer is written as that change:
+``edit(official("4.3"), (old_lines, new_lines))``, which fails loudly if the official
+answer no longer holds ``old_lines``.
 ``tests/test_wrong_answers.py`` grades them with ``course-grade``: each submission holds
 wrong answers to several exercises that do not build on one another and the official
 answers elsewhere (so an exercise that builds on an earlier one is graded with that one
@@ -51,6 +54,32 @@ def wrong_answers(stem: str) -> dict[str, dict[str, str]]:
                 raise ValueError(f"{stem}: the wrong answer {why!r} for {ex} must start with "
                                  f"'# Exercise {ex}', not {first!r}")
     return table
+
+
+def official(exercise: str) -> str:
+    """The official answer cell of ``exercise`` ("4.3"), hints and solution markers left out:
+    the base of a wrong answer that differs from it in a line or two (see :func:`edit`)."""
+    major = exercise.split(".")[0].zfill(2)
+    path = next(p for p in problem_sets() if p.stem.startswith(major + "_"))
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("course", {})
+        if meta.get("role") == "answer" and meta.get("exercise") == exercise:
+            keep = [ln for ln in cell.source.split("\n")
+                    if not ln.strip().startswith(("### HINT", "### BEGIN SOLUTION",
+                                                  "### END SOLUTION"))]
+            return "\n".join(keep)
+    raise KeyError(f"no answer cell for exercise {exercise} in {path.name}")
+
+
+def edit(src: str, *changes: tuple[str, str]) -> str:
+    """``src`` with each ``(old, new)`` applied in turn; each ``old`` must occur exactly once,
+    so a change to the official answer that moves the text fails here, not silently."""
+    for old, new in changes:
+        if src.count(old) != 1:
+            raise ValueError(f"wrong-answer edit: {old!r} occurs {src.count(old)} times, not once")
+        src = src.replace(old, new)
+    return src
 
 
 def exercises_of(nb) -> list[str]:

@@ -232,3 +232,95 @@ def no_reuse_trace_t(n):
 ''',
     },
 }
+
+
+# Round seven: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+from tests.wrong_answers import edit, official  # noqa: E402
+
+# computes c[i][j] but stores it under the transposed name
+WRONG["1.1"]["stored to c[j][i]"] = edit(official("1.1"),
+    ('        f"STORE R2, c[{i}][{j}]",', '        f"STORE R2, c[{j}][{i}]",'))
+WRONG["1.1"]["the MAC adds into R0, the sum in R2 never grows"] = edit(official("1.1"),
+    ('        "MAC R0, R1, R2, R2",', '        "MAC R0, R1, R2, R0",'))
+# the values are right, but c[i][j] must live in R{2 + n*i + j}
+WRONG["1.3"]["the outputs numbered column-major (R{2 + i + n*j})"] = edit(official("1.3"),
+    ("                acc = 2 + n * i + j", "                acc = 2 + i + n * j"),
+    ('    lines += [f"STORE R{2 + n * i + j}, c[{i}][{j}]" for i in range(n) for j in range(n)]',
+     '    lines += [f"STORE R{2 + i + n * j}, c[{i}][{j}]" for i in range(n) for j in range(n)]'))
+# i == 1 instead of i % 2 == 1: the snake turns once, right for n <= 3 only
+WRONG["1.3"]["the snake turns back at row 1 only"] = edit(official("1.3"),
+    ("            cols = range(n) if i % 2 == 0 else range(n - 1, -1, -1)",
+     "            cols = range(n) if i != 1 else range(n - 1, -1, -1)"))
+# the first row of every k reuses the b left over from the previous k
+WRONG["1.3"]["b reused across k (first LOAD of each k skipped)"] = edit(official("1.3"),
+    ("                if i == 0 or c > 0:", "                if (i == 0 and k == 0) or c > 0:"))
+# c[0][0] and c[0][1] are both live at once: not an inner-product schedule
+WRONG["1.4"]["8 LOADs and 20 cycles, two partial sums live at once"] = '''# Exercise 1.4 (2 points)
+trace_inner6 = \'\'\'
+LOAD a[0][0], R0
+LOAD a[0][1], R1
+LOAD b[0][0], R2
+LOAD b[0][1], R3
+MAC_Z R0, R2, R4
+MAC_Z R0, R3, R5
+LOAD b[1][0], R0
+MAC R1, R0, R4, R4
+STORE R4, c[0][0]
+LOAD b[1][1], R4
+MAC R1, R4, R5, R5
+STORE R5, c[0][1]
+LOAD a[1][0], R1
+LOAD a[1][1], R5
+MAC_Z R1, R2, R2
+MAC R5, R0, R2, R2
+STORE R2, c[1][0]
+MAC_Z R1, R3, R3
+MAC R5, R4, R3, R3
+STORE R3, c[1][1]
+\'\'\'
+inner6_cycles = 20
+'''
+# no operand overwritten and the b column not kept: b[0][0] and b[1][0] are loaded twice
+WRONG["1.4"]["10 LOADs, counted right (22 cycles)"] = '''# Exercise 1.4 (2 points)
+trace_inner6 = \'\'\'
+LOAD a[0][0], R0
+LOAD a[0][1], R1
+LOAD b[0][0], R2
+LOAD b[1][0], R3
+MAC_Z R0, R2, R4
+MAC R1, R3, R4, R4
+STORE R4, c[0][0]
+LOAD b[0][1], R2
+LOAD b[1][1], R3
+MAC_Z R0, R2, R4
+MAC R1, R3, R4, R4
+STORE R4, c[0][1]
+LOAD a[1][0], R0
+LOAD a[1][1], R1
+MAC_Z R0, R2, R4
+MAC R1, R3, R4, R4
+STORE R4, c[1][1]
+LOAD b[0][0], R2
+LOAD b[1][0], R3
+MAC_Z R0, R2, R4
+MAC R1, R3, R4, R4
+STORE R4, c[1][0]
+\'\'\'
+inner6_cycles = 22
+'''
+WRONG["1.5"]["the accumulator still counted in the register file"] = '''# Exercise 1.5
+min_registers = 3
+with_accumulator_in_unit = 3
+'''
+WRONG["1.5"]["floats"] = '''# Exercise 1.5
+min_registers = 3.0
+with_accumulator_in_unit = 2.0
+'''
+WRONG["1.6"]["stored to c[j][i]"] = edit(official("1.6"),
+    ('            lines.append(f"STORE R2, c[{i}][{j}]")', '            lines.append(f"STORE R2, c[{j}][{i}]")'))
+# A^T B^T: the first factor's indices swapped as well
+WRONG["1.6"]["a[k][i] and b[j][k]"] = edit(official("1.6"),
+    ('f"LOAD a[{i}][{k}], R0"', 'f"LOAD a[{k}][{i}], R0"'))
+# the triple-quoted trace starts and ends with a newline: two lines too many
+WRONG["1.4"]["the cycle count as the number of lines of the string"] = edit(official("1.4"),
+    ("inner6_cycles = 20", 'inner6_cycles = len(trace_inner6.split("\\n"))'))

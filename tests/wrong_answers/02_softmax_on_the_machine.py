@@ -215,3 +215,109 @@ m2_increment_is = "b"
 ''',
     },
 }
+
+
+# Round seven: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+from tests.wrong_answers import edit, official  # noqa: E402
+
+# the logarithm taken in the format itself rounds to its few bits (fp16: 11.086, bf16: 88.5)
+WRONG["2.1"]["the log computed in the dtype"] = edit(official("2.1"),
+    ("    return math.log(torch.finfo(dtype).max)",
+     "    return torch.log(torch.tensor(torch.finfo(dtype).max, dtype=dtype)).item()"))
+WRONG["2.1"]["a 0-d tensor, not a float"] = edit(official("2.1"),
+    ("    return math.log(torch.finfo(dtype).max)",
+     "    return torch.tensor(torch.finfo(dtype).max, dtype=torch.float64).log()"))
+WRONG["2.1"]["rounded down to an int"] = edit(official("2.1"),
+    ("    return math.log(torch.finfo(dtype).max)",
+     "    return math.floor(math.log(torch.finfo(dtype).max))"))
+# torch.finfo() without an argument describes the default dtype, float32
+WRONG["2.1"]["torch.finfo() of the default dtype"] = edit(official("2.1"),
+    ("    return math.log(torch.finfo(dtype).max)",
+     "    return math.log(torch.finfo().max)"))
+# the trace's SUB is "SUB Ra, Rb, Rd": Rd = Ra - Rb
+WRONG["2.3"]["SUB operands swapped: exp(max - x)"] = '''# Exercise 2.3
+def safe_trace(n):
+    t = ["LOAD x[0], R1"]
+    for i in range(1, n):
+        t += [f"LOAD x[{i}], R0", "MAX R0, R1, R1"]
+    for i in range(n):
+        t += [f"LOAD x[{i}], R0", "SUB R1, R0, R0"]
+        t += ["EXP R0, R2"] if i == 0 else ["EXP R0, R0", "ADD R2, R0, R2"]
+    for i in range(n):
+        t += [f"LOAD x[{i}], R0", "SUB R1, R0, R0", "EXP R0, R0", "DIV R0, R2, R0",
+              f"STORE R0, out[{i}]"]
+    return "\\n".join(t)
+'''
+WRONG["2.3"]["DIV operands swapped: sum / exp"] = edit(official("2.3"),
+    ('"DIV R0, R2, R0"', '"DIV R2, R0, R0"'))
+# the first pass starts from R1's initial value instead of x[0]
+WRONG["2.3"]["the max pass starts from an unset R1"] = '''# Exercise 2.3
+def safe_trace(n):
+    t = []
+    for i in range(n):
+        t += [f"LOAD x[{i}], R0", "MAX R0, R1, R1"]
+    for i in range(n):
+        t += [f"LOAD x[{i}], R0", "SUB R0, R1, R0"]
+        t += ["EXP R0, R2"] if i == 0 else ["EXP R0, R0", "ADD R2, R0, R2"]
+    for i in range(n):
+        t += [f"LOAD x[{i}], R0", "SUB R0, R1, R0", "EXP R0, R0", "DIV R0, R2, R0",
+              f"STORE R0, out[{i}]"]
+    return "\\n".join(t)
+'''
+# the new term measured against the old max
+WRONG["2.4"]["x_i - m_old for the new term"] = edit(official("2.4"),
+    ('        "SUB R0, R1, R0",    # x_i - m_new', '        "SUB R0, R3, R0",    # x_i - m_new'))
+WRONG["2.4"]["the rescale after the add: (s + e) * factor"] = edit(official("2.4"),
+    ('        "MUL R2, R3, R2",    # rescale s\n        "ADD R2, R0, R2",    # add the new term',
+     '        "ADD R2, R0, R2",    # add the new term\n        "MUL R2, R3, R2",    # rescale s'))
+# changes the caller's running maxima
+WRONG["2.5"]["in place on m_old"] = '''# Exercise 2.5
+def rescale_factor(m_old, m_new):
+    nothing = m_old == -math.inf
+    m_old.sub_(m_new)
+    m_old[nothing] = -math.inf
+    return m_old.exp_()
+'''
+# one branch for the whole tensor: zeros everywhere as soon as one entry is -inf
+WRONG["2.5"]["a Python if on any -inf"] = '''# Exercise 2.5
+def rescale_factor(m_old, m_new):
+    if (m_old == -math.inf).any():
+        return torch.zeros_like(m_old)
+    return torch.exp(m_old - m_new)
+'''
+# the caller's -inf clamped away: exp(-1e30 - (-1e30)) = 1 when nothing was seen on either side
+WRONG["2.5"]["both maxima clamped to -1e30"] = edit(official("2.5"),
+    ("    diff = torch.where(m_old == -math.inf, torch.full_like(m_old, -math.inf), m_old - m_new)",
+     "    diff = m_old.clamp(min=-1e30) - m_new.clamp(min=-1e30)"))
+WRONG["2.6"]["M2 += (x - new mean)^2: option c"] = edit(official("2.6"),
+    ("    m2 = m2 + delta * (x - mean)", "    m2 = m2 + (x - mean) ** 2"),
+    ('m2_increment_is = "b"', 'm2_increment_is = "c"'))
+# the state returned holds the sample variance, not M2
+WRONG["2.6"]["the variance kept in place of M2"] = edit(official("2.6"),
+    ("    m2 = m2 + delta * (x - mean)\n    return N, mean, m2",
+     "    m2 = m2 + delta * (x - mean)\n    return N, mean, m2 / max(N - 1, 1)"))
+WRONG["2.6"]["floor division in the mean update"] = edit(official("2.6"),
+    ("    mean = mean + delta / N", "    mean = mean + delta // N"))
+# e^(x_i - m_old) overflows when the max jumps by more than ~88, and is inf * 0 on the first element
+WRONG["2.2"]["the new term added before the rescale, against the old max"] = edit(official("2.2"),
+    ("        s = s * torch.exp(m - m_new) + torch.exp(xi - m_new)",
+     "        s = (s + torch.exp(xi - m)) * torch.exp(m - m_new)"))
+# a debugging history of the running max: the state grows with the input
+WRONG["2.2"]["keeps a list of the running maxima"] = edit(official("2.2"),
+    ("    for xi in x:\n        m_new = torch.maximum(m, xi)",
+     "    history = []\n    for xi in x:\n        m_new = torch.maximum(m, xi)\n        history.append(m_new)"))
+# throws the old sum away when the max grows: right only when every earlier term was negligible
+WRONG["2.2"]["the sum restarts at 1 whenever the max grows"] = '''# Exercise 2.2
+def online_max_sum(x):
+    m = torch.tensor(-math.inf, dtype=x.dtype)
+    s = torch.tensor(0.0, dtype=x.dtype)
+    for xi in x:
+        if xi > m:
+            m, s = xi, torch.tensor(1.0, dtype=x.dtype)
+        else:
+            s = s + torch.exp(xi - m)
+    return m, s
+'''
+# MAX Ra, Rb, Rd writes Rd: the running max in R1 never moves from x[0]
+WRONG["2.3"]["the max written into R0: R1 stays x[0]"] = edit(official("2.3"),
+    ('        t += [f"LOAD x[{i}], R0", "MAX R0, R1, R1"]', '        t += [f"LOAD x[{i}], R0", "MAX R0, R1, R0"]'))

@@ -242,3 +242,63 @@ WRONG['5.7']['the column-wise answers copied from the row-wise'] = edit(official
 WRONG['5.7']['dV inner in the row-wise schedule'] = edit(official('5.7'),
     ('row_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}',
      'row_wise = {"dQ": "inner", "dK": "outer", "dV": "inner"}'))
+
+
+# Round seven: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# overwrites the caller's dO with dO * O
+WRONG['5.1']['in place on do (mul_)'] = edit(official('5.1'),
+    ('    return (do * o).sum(dim=-1)', '    return do.mul_(o).sum(dim=-1)'))
+# the einsum names one row axis and no batch axes: 2-D inputs only
+WRONG['5.1']["einsum 'nd,nd->n'"] = edit(official('5.1'),
+    ('    return (do * o).sum(dim=-1)', '    return torch.einsum("nd,nd->n", do, o)'))
+# dim=1 is the feature axis only for 2-D inputs
+WRONG['5.1']['summed over dim=1'] = edit(official('5.1'),
+    ('    return (do * o).sum(dim=-1)', '    return (do * o).sum(dim=1)'))
+# transpose(1, 2) is the last two axes only with one leading dimension
+WRONG['5.2']['transpose(1, 2): right for one leading dimension'] = '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    return do @ v.transpose(1, 2), p.transpose(1, 2) @ do'''
+WRONG['5.2']['dV and dP returned in the wrong order'] = edit(official('5.2'),
+    ('    return dp, dv', '    return dv, dp'))
+# p is already the softmax: applying it again
+WRONG['5.3']['softmax applied to P again'] = edit(official('5.3'),
+    ('    return p * (dp - D[..., None])', '    return torch.softmax(p, dim=-1) * (dp - D[..., None])'))
+# changes the caller's dS
+WRONG['5.4']['dS scaled in place'] = '''# Exercise 5.4
+def grads_through_scores(ds, q, k, scale):
+    ds *= scale
+    return ds @ k, ds.transpose(-1, -2) @ q'''
+WRONG['5.4']['dK = scale dS Q (the transpose forgotten)'] = edit(official('5.4'),
+    ('    dk = scale * ds.transpose(-1, -2) @ q', '    dk = scale * ds @ q'))
+# Triton's exp2 habit without the log2(e) factor: 2^(s - lse) is not e^(s - lse)
+WRONG['5.5']['exp2 of the natural-log scores'] = edit(official('5.5'),
+    ('    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])',
+     '    p = torch.exp2(scale * q_i @ k_j.T - lse_i[:, None])'))
+# exp(s - lse) is already the final probability; dividing by the tile's sum is right only with one key tile
+WRONG['5.5']['P renormalised over the tile'] = edit(official('5.5'),
+    ('    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])',
+     '    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])\n    p = p / p.sum(-1, keepdim=True)'))
+# grads_through_scores applies the scale already
+WRONG['5.5']['dS scaled before 5.4 scales it again'] = edit(official('5.5'),
+    ('    ds = grad_scores(p, dp, D_i)', '    ds = scale * grad_scores(p, dp, D_i)'))
+# the preprocessing pass that forms D reads every row of O once
+WRONG['5.6']['O never read: D counted as free'] = edit(official('5.6'),
+    ('    o_reads_with = Nq * d', '    o_reads_with = 0'))
+WRONG['5.6']['Nq and Nk swapped'] = '''# Exercise 5.6
+def backward_reads(Nq, Nk, d, Br, Bc):
+    return Nq * d, 2 * Nq * d, Nk * d'''
+# bytes of fp16, not elements
+WRONG['5.6']['bytes at 2 per element'] = '''# Exercise 5.6
+def backward_reads(Nq, Nk, d, Br, Bc):
+    return 2 * Nk * d, 4 * Nk * d, 2 * Nq * d'''
+# dV = P^T dO takes a column of P^T as a column in both schedules
+WRONG['5.7']['dV outer in both schedules'] = edit(official('5.7'),
+    ('column_wise = {"dQ": "outer", "dK": "inner", "dV": "inner"}',
+     'column_wise = {"dQ": "outer", "dK": "inner", "dV": "outer"}'))
+# autograd in disguise: functorch's vjp is torch.func.vjp under another module
+WRONG['5.2']["functorch's vjp through O = P V"] = '''# Exercise 5.2
+import importlib
+def grads_through_pv(p, v, do):
+    vjp = getattr(importlib.import_module("functorch"), "vjp")
+    _, back = vjp(lambda a, b: a @ b, p, v)
+    return back(do)'''

@@ -390,3 +390,114 @@ ratio_8_4 = rmse_plain / rmse_hadamard'''
 WRONG['8.6']['empty count: one arrival per earlier block of the ring'] = edit(official('8.6'),
     ('    return consumers * (j // stages)',
      '    return consumers * (j - stages + 1)'))
+
+
+# Round seven: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# every consumer reads every slot: the producer waits for all of them
+WRONG['8.1']['only the first consumer releases'] = edit(official('8.1'),
+    ('        if wg.role != "consumer":', '        if wg.name != "consumer0":'))
+# the release is an arrival on the slot's EMPTY barrier; the full one is the producer's
+WRONG['8.1']['arrives on the full barrier'] = edit(official('8.1'),
+    ('                    program.append(sim.Arrive(f"{kind}_empty[{slot}]"))',
+     '                    program.append(sim.Arrive(f"{kind}_full[{slot}]"))'))
+# slot = block index mod 2: right only for a two-stage ring
+WRONG['8.1']['the slot from a block counter mod 2'] = '''# Exercise 8.1
+def add_releases(schedule):
+    fixed = copy.deepcopy(schedule)
+    for wg in fixed.warpgroups:
+        if wg.role != "consumer":
+            continue
+        program, seen = [], {"K": 0, "V": 0}
+        for ins in wg.program:
+            program.append(ins)
+            if isinstance(ins, sim.Op):
+                for buf in ins.reads:
+                    kind = buf[0]
+                    program.append(sim.Arrive(f"{kind.lower()}_empty[{seen[kind] % 2}]"))
+                    seen[kind] += 1
+        wg.program = program
+    return fixed'''
+# building never checks the registers: the error comes from simulate, outside the try
+WRONG['8.2']['RegisterBudgetError caught around build_schedule only'] = '''# Exercise 8.2
+def choose(D, Bc):
+    best, best_t = None, -1.0
+    for name in sim.SCHEDULE_NAMES:
+        try:
+            s = sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8)
+        except sim.RegisterBudgetError:
+            continue
+        t = sim.simulate(s).tflops
+        if t > best_t:
+            best, best_t = name, t
+    return best'''
+WRONG['8.2']['D and Bc swapped'] = edit(official('8.2'),
+    ('sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8)', 'sim.build_schedule(name, D=Bc, Bc=D, n_blocks=8)'))
+# one key block leaves no steady state to pipeline: the ranking changes
+WRONG['8.2']['a single block simulated (n_blocks=1)'] = edit(official('8.2'),
+    ('sim.build_schedule(name, D=D, Bc=Bc, n_blocks=8)', 'sim.build_schedule(name, D=D, Bc=Bc, n_blocks=1)'))
+# e5m2's largest finite value is 57344, not 448: the wrong FP8 format
+WRONG['8.3']['cast to float8_e5m2'] = edit(official('8.3'),
+    ('    return (x / scale).to(fp8.FP8_DTYPE), scale', '    return (x / scale).to(torch.float8_e5m2), scale'))
+# changes the caller's block
+WRONG['8.3']['x divided in place'] = '''# Exercise 8.3
+def quantize_block(x):
+    scale = x.abs().max() / fp8.FP8_MAX
+    x /= scale
+    return x.to(fp8.FP8_DTYPE), scale'''
+WRONG['8.3']['one scale per column'] = edit(official('8.3'),
+    ('    scale = x.abs().max() / fp8.FP8_MAX', '    scale = x.abs().amax(dim=0, keepdim=True) / fp8.FP8_MAX'))
+# K quantised before it is rotated: the rotation no longer spreads K's outlier
+WRONG['8.4']['K rotated after quantising'] = '''# Exercise 8.4
+def dq(x):
+    x8, s = quantize_block(x)
+    return x8.float() * s
+
+rmse_plain = fp8.rmse(dq(qb) @ dq(kb).T, S)
+rmse_hadamard = fp8.rmse(dq(qb @ h) @ (dq(kb) @ h).T, S)
+ratio_8_4 = rmse_plain / rmse_hadamard'''
+WRONG['8.4']['the mean squared error (no square root)'] = '''# Exercise 8.4
+def dq(x):
+    x8, s = quantize_block(x)
+    return x8.float() * s
+
+rmse_plain = float(((dq(qb) @ dq(kb).T - S) ** 2).mean())
+rmse_hadamard = float(((dq(qb @ h) @ dq(kb @ h).T - S) ** 2).mean())
+ratio_8_4 = rmse_plain / rmse_hadamard'''
+# h @ Q mixes the tokens, not the channels: (h Q)(h K)^T = h S h^T
+WRONG['8.4']['the rotation on the left (h @ qb)'] = '''# Exercise 8.4
+def dq(x):
+    x8, s = quantize_block(x)
+    return x8.float() * s
+
+rmse_plain = fp8.rmse(dq(qb) @ dq(kb).T, S)
+rmse_hadamard = fp8.rmse(dq(h @ qb) @ dq(h @ kb).T, S)
+ratio_8_4 = rmse_plain / rmse_hadamard'''
+WRONG['8.4']['the ratio as a percentage'] = edit(official('8.4'),
+    ('ratio_8_4 = rmse_plain / rmse_hadamard', 'ratio_8_4 = 100 * rmse_plain / rmse_hadamard'))
+WRONG['8.5']['predicted time in seconds'] = edit(official('8.5'),
+    ('predicted_ms_8_5 = _mine["ms"] * _mine["tensor_pct"] / profile["_attn_fwd_gluon_pp"]["tensor_pct"]',
+     'predicted_ms_8_5 = _mine["ms"] / 1000 * _mine["tensor_pct"] / profile["_attn_fwd_gluon_pp"]["tensor_pct"]'))
+# the time does not fall by the difference in percentage points
+WRONG['8.5']['time cut by the difference in utilisation points'] = edit(official('8.5'),
+    ('predicted_ms_8_5 = _mine["ms"] * _mine["tensor_pct"] / profile["_attn_fwd_gluon_pp"]["tensor_pct"]',
+     'predicted_ms_8_5 = _mine["ms"] * (1 - (profile["_attn_fwd_gluon_pp"]["tensor_pct"] - _mine["tensor_pct"]) / 100)'))
+WRONG['8.5']['sync-bound, fixed with more heads'] = edit(official('8.5'),
+    ('fix_8_5 = "pingpong"', 'fix_8_5 = "more_heads"'))
+# precedence: (consumers * j) // stages, not consumers * (j // stages)
+WRONG['8.6']['empty count: consumers * j // stages'] = edit(official('8.6'),
+    ('    return consumers * (j // stages)', '    return consumers * j // stages'))
+# the lesson's two-stage ring typed in
+WRONG['8.6']['two stages hard-coded'] = '''# Exercise 8.6
+def full_count(j, stages):
+    return j // 2 + 1
+
+
+def empty_count(j, stages, consumers):
+    return consumers * (j // 2)
+
+
+def phase_parity(j, stages):
+    return (j // 2) % 2'''
+# the slot number's parity, not the slot's phase
+WRONG['8.6']['parity of the slot'] = edit(official('8.6'),
+    ('    return (j // stages) % 2', '    return (j % stages) % 2'))

@@ -81,3 +81,8 @@ def scaled_scores(q, k):
 WRONG["0.2"]["the scores cast to float16"] = edit(official("0.2"),
     ("    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])",
      "    return (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).half()"))
+# right whenever the head count equals d (the visible batched case has 3 heads and d drawn
+# from 3..19, about one draw in seventeen); a hidden case has 3 heads and d = 8
+WRONG["0.2"]["d read as q.shape[1] (the heads of a batched input)"] = '''# Exercise 0.2
+def scaled_scores(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[1])'''

@@ -20,18 +20,20 @@ def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
 def _rates(monkeypatch, wrong, honest, draws=4):
     monkeypatch.setattr(catch_rate, "wrong_answers", lambda stem: {"9.2": wrong})
     monkeypatch.setattr(catch_rate, "_honest", lambda stem: {"9.2": honest})
-    return {why: (caught, n, detail) for ex, why, caught, n, detail
+    return {why: (caught, n, detail) for ex, why, right, caught, n, detail
             in catch_rate.catch_rates("09_decoding", draws, only="9.2")}
 
 
 def test_reports_caught_escaped_and_failing_answers(monkeypatch):
-    got = _rates(monkeypatch, {"wrong": WRONG, "right, listed as wrong": RIGHT},
+    got = _rates(monkeypatch, {"wrong": WRONG, "right, listed as wrong": RIGHT,
+                               "(parenthesised) wrong": WRONG},
                  {"wrong, listed as honest": WRONG, "right": RIGHT})
     assert got["(official)"][:2] == (0, 4)
     assert got["(honest) right"][:2] == (0, 4)
     caught, n, detail = got["(honest) wrong, listed as honest"]
     assert (caught, n) == (4, 4) and "seed 7" in detail and "intensity" in detail
     assert got["wrong"] == (4, 4, None)
+    assert got["(parenthesised) wrong"] == (4, 4, None)   # a wrong answer, whatever its name
     assert got["right, listed as wrong"] == (0, 4, 7)    # escaped, with the first seed
 
 

@@ -79,10 +79,10 @@ def _trial(src, before, between, check, ns, ex, seed, as_written):
 
 
 def catch_rates(stem: str, draws: int, only: str | None = None):
-    """Yield ``(exercise, description, caught, draws, detail)``: for a wrong answer
-    ``detail`` is the first seed it escaped with; the official answer is reported with the
-    description ``"(official)"`` (an honest one with ``"(honest) ..."``), ``caught``
-    counting its failures and ``detail`` the first failure's message."""
+    """Yield ``(exercise, description, right, caught, draws, detail)``: for a wrong answer
+    ``detail`` is the first seed it escaped with; for a right one (``right``: the official
+    answer, described as ``"(official)"``, or an honest one, ``"(honest) ..."``) ``caught``
+    counts its failures and ``detail`` is the first failure's message."""
     import torch
 
     cells = _cells(stem)
@@ -96,19 +96,16 @@ def catch_rates(stem: str, draws: int, only: str | None = None):
             err = _run(cells[k][3], ns, f"cell {cells[k][0]}")
             if err is not None and cells[k][1] != "check":
                 raise RuntimeError(f"{stem}: cell {cells[k][0]} failed: {err!r}")
-        # the template cells before the answer run again after every answer: a kernel that
-        # calls the answer's @triton.jit function keeps the function it first ran with
-        # (Triton's interpreter rewrites a kernel once), and an answer cell that redefines a
-        # template function does not replace it in graded notebooks either
+        # the template cells around the answer run again with every answer (see _trial)
         before = [cells[k][3] for k in range(pos, a) if cells[k][1] is None]
         between = [cells[k][3] for k in range(a + 1, ch)]
         official = cells[a][3]
         if only is None or only == ex:
-            right = [("(official)", official)] + [
-                (f"(honest) {why}", src) for why, src in _honest(stem).get(ex, {}).items()]
-            answers = right + list(table.get(ex, {}).items())
+            answers = [("(official)", official, True)] + [
+                (f"(honest) {why}", src, True) for why, src in _honest(stem).get(ex, {}).items()
+            ] + [(why, src, False) for why, src in table.get(ex, {}).items()]
             template = set().union(*(_defined(t) for t in before + between))
-            for why, src in answers:
+            for why, src, right in answers:
                 # as the learner's notebook runs (an answer that redefines a template function
                 # replaces it), and, where it does, with the template's functions and the
                 # answer's own names: the second kernel of course-grade checks both
@@ -125,7 +122,7 @@ def catch_rates(stem: str, draws: int, only: str | None = None):
                         first = first or f"seed {seed}: {type(err).__name__}: {str(err)[:300]}"
                     elif escape is None:
                         escape = seed
-                yield ex, why, caught, draws, (first if why.startswith("(") else escape)
+                yield ex, why, right, caught, draws, (first if right else escape)
         # the official answer (and its check's helpers) stay bound for what follows
         _trial(official, before, between, cells[ch][3], ns, ex, None, False)
         pos = ch + 1
@@ -143,8 +140,8 @@ def main(argv=None) -> int:
     bad = 0
     for stem in chosen:
         t0 = time.time()
-        for ex, why, caught, n, escape in catch_rates(stem, args.draws, args.exercise):
-            if why.startswith("("):
+        for ex, why, right, caught, n, escape in catch_rates(stem, args.draws, args.exercise):
+            if right:
                 ok = caught == 0
                 line = (f"{ex:5s} {'ok ' if ok else 'BAD'} {why} failed {caught}/{n}"
                         + ("" if ok else f"  ({escape})"))

@@ -50,3 +50,24 @@ def test_command_line_exit_status(monkeypatch, capsys):
     assert "BAD caught 0/2  right  (escaped with seed 7)" in out
     monkeypatch.setattr(catch_rate, "wrong_answers", lambda stem: {"9.2": {"wrong": WRONG}})
     assert catch_rate.main(["09", "--draws", "2", "--exercise", "9.2"]) == 0
+
+
+def test_a_kernel_defined_in_a_cell_has_that_cell_as_its_source():
+    """Compiled Triton reads a kernel's text through ``inspect``; a cell run by the tool must
+    give its own text (as IPython's cells do), not the text of the module running it."""
+    import inspect
+
+    cell = ("import triton\n"
+            "import triton.language as tl\n\n"
+            "@triton.jit\n"
+            "def _copy_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):\n"
+            "    offs = tl.arange(0, BLOCK)\n"
+            "    tl.store(y_ptr + offs, tl.load(x_ptr + offs))\n")
+    ns = {"__name__": "__main__"}
+    assert catch_rate._run(cell, ns, "answer 6.1") is None
+    fn = ns["_copy_kernel"].fn
+    assert inspect.getsource(fn) == cell.split("\n\n", 1)[1]
+    assert inspect.getsourcelines(fn)[1] == 4
+    other = cell.replace("x_ptr + offs", "x_ptr + offs + 0")
+    assert catch_rate._run(other, ns, "answer 6.1") is None
+    assert "offs + 0" in inspect.getsource(ns["_copy_kernel"].fn)

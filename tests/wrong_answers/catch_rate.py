@@ -49,10 +49,23 @@ def _honest(stem: str) -> dict:
     return HONEST.get(stem, {})
 
 
+def _cell_file(src: str, name: str) -> str:
+    """A file name for one cell's source, held in ``linecache`` as IPython holds a notebook
+    cell's: compiled Triton reads a kernel's source through ``inspect``, which would otherwise
+    find this module's own text (it is ``__main__``, the namespace's module)."""
+    import hashlib
+    import linecache
+
+    digest = hashlib.sha1(f"{name}\0{src}".encode()).hexdigest()[:16]
+    path = f"/nonexistent-course-cells/{name.replace(' ', '_')}-{digest}.py"
+    linecache.cache[path] = (len(src), None, src.splitlines(True), path)
+    return path
+
+
 def _run(src: str, ns: dict, name: str) -> BaseException | None:
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(src, name, "exec"), ns)
+            exec(compile(src, _cell_file(src, name), "exec"), ns)
     except BaseException as exc:   # noqa: BLE001 - a check's failure is the measurement
         if isinstance(exc, KeyboardInterrupt):
             raise

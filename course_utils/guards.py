@@ -272,6 +272,42 @@ def _message(exercise, what_called, group_what, asks):
             "Write it yourself; a result computed by the library earns no mark.")
 
 
+_TORCH_DIR = __import__("os").path.dirname(__import__("os").path.realpath(torch.__file__))
+_COURSE_DIR = __import__("os").path.dirname(__import__("os").path.realpath(__file__))
+
+def _library_handler(cls, attr) -> bool:
+    """Whether ``cls``'s ``attr`` (``__torch_function__`` or ``__torch_dispatch__``) is
+    PyTorch's or the course's own code: a Python function defined in one of their files, or
+    one of torch's built-in handlers."""
+    import os
+    fn = None
+    for k in cls.__mro__:
+        if attr in vars(k):
+            fn = vars(k)[attr]
+            break
+    fn = getattr(fn, "__func__", fn)        # classmethod / staticmethod
+    if isinstance(fn, types.BuiltinFunctionType):
+        return str(getattr(fn, "__module__", "")).startswith("torch")
+    if not isinstance(fn, types.FunctionType):
+        return fn is None
+    where = os.path.realpath(fn.__code__.co_filename)
+    return any(where.startswith(d + os.sep) for d in (_TORCH_DIR, _COURSE_DIR))
+
+
+def _own_subclasses(types_, attr):
+    """Refuse an operator on a tensor subclass whose ``attr`` handler the answer wrote. A
+    guard mode steps aside while it hands an allowed operator on (so that the operator does
+    not come back to it), and the subclass's handler runs inside that step: whatever it
+    calls (a forbidden operator, the whole score matrix, a backward pass) would not be seen."""
+    for cls in types_ or ():
+        if not _library_handler(cls, attr):   # read afresh: a class can be changed
+            raise GuardEscape(f"your answer runs torch operators on a tensor subclass of its own "
+                              f"({getattr(cls, '__qualname__', cls)!s:.80}), whose {attr} would "
+                              "run outside the guard. Checks run your code under guards that it "
+                              "may not reach around; compute the answer from the inputs you are "
+                              "given with plain tensors.")
+
+
 class _FunctionGuard(TorchFunctionMode):
     def __init__(self, names: dict, exercise, asks):
         super().__init__()
@@ -279,6 +315,7 @@ class _FunctionGuard(TorchFunctionMode):
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
+        _own_subclasses(types_, "__torch_function__")
         if name in self.names and not _exempt():
             raise ForbiddenCall(_message(self.exercise, f"torch {name}", self.names[name], self.asks))
         return func(*args, **(kwargs or {}))
@@ -308,6 +345,7 @@ class _DispatchGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         base = _aten_base(func)
+        _own_subclasses(types_, "__torch_dispatch__")
         if _exempt():
             return func(*args, **(kwargs or {}))
         if self.masks:
@@ -890,7 +928,8 @@ def _install_hook():
       ``setprofile``, ctypes; reading the code, defaults or globals of a course function
       and making a function from a course function's code, or a code object or compiled
       source that claims to be a library file;
-    * starting a thread or a process (Triton's compilers are let through).
+    * starting a thread or a process, also through a library while notebook code is on
+      the stack (Triton's compilers are let through).
 
     In a graded run (``course-grade``'s kernels, which carry ``COURSE_GRADE_RUN`` in their
     environment when this is installed) these are refused to notebook code at any time,
@@ -970,6 +1009,14 @@ def _install_hook():
             if len(cache) < 100_000:
                 cache[filename] = k
         return k
+
+    def _user_below(f):
+        """Whether notebook (or other non-library) code is anywhere on the stack."""
+        while f is not None:
+            if _kind(f.f_code.co_filename) == "user":
+                return True
+            f = f.f_back
+        return False
 
     def _caller(f):
         """The filename of the first frame outside the standard library, and whether
@@ -1091,13 +1138,22 @@ def _install_hook():
         finally:
             busy.on = False
         if event in _PROCESS_EVENTS or event in _THREAD_EVENTS:
-            if active[0] > 0:
-                if event in _PROCESS_EVENTS and fn.startswith(triton_dirs):
-                    return   # Triton compiling a kernel (ptxas, the launcher's C compiler)
-                if event in _THREAD_EVENTS and lib:
-                    return
-            elif lib or not _strict(fn):
+            if fn.startswith(triton_dirs) and (active[0] > 0 or _strict(fn)):
+                return   # Triton compiling a kernel (ptxas, the launcher's C compiler)
+            if not (active[0] > 0 or _strict(fn)):
                 return
+            if lib and (event in _THREAD_EVENTS or active[0] == 0):
+                # a library starting a thread (or, outside an answer, a process) on its own
+                # is let through; one started for notebook code is not: a thread started
+                # through a library (a worker pool, an event-loop portal, IPython's `!`)
+                # would run the answer's code where the guards do not reach, or serve it later
+                busy.on = True
+                try:
+                    user = _user_below(f)
+                finally:
+                    busy.on = False
+                if not user:
+                    return
         elif lib or not _strict(fn):
             return
         _refuse(what)

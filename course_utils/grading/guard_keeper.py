@@ -10,7 +10,8 @@ helpers, or rebind the grading hooks themselves.
 Before each answer cell runs, and again before each call the template makes to
 an answer function, :func:`snapshot` records all of those (the guard module's
 namespace, one level into its tables; its classes' attributes; torch's
-function-mode machinery; the grading hooks). :func:`check_and_restore`, after
+function-mode machinery and the modes on its stacks; the builtins and ``torch.Tensor``'s
+methods, which the guards' code reads; the grading hooks). :func:`check_and_restore`, after
 the cell or the call, compares the live objects with the snapshot, puts back
 whatever differs and returns what did; the kernel-side hooks ship what it
 found, so the grader scores that exercise zero with a line that says what was
@@ -31,13 +32,20 @@ _CONTAINERS = (dict, list, set, frozenset, tuple)
 _TORCH_C = ("_push_on_torch_function_stack", "_pop_torch_function_stack",
             "_len_torch_function_stack", "_get_function_stack_at",
             "_is_torch_function_mode_enabled", "DisableTorchFunction",
-            "DisableTorchFunctionSubclass", "_disabled_torch_function_impl")
+            "DisableTorchFunctionSubclass", "_disabled_torch_function_impl",
+            "_len_torch_dispatch_stack", "_get_dispatch_stack_at", "_pop_torch_dispatch_stack",
+            "_push_on_torch_dispatch_stack", "_get_dispatch_mode", "_set_dispatch_mode",
+            "_unset_dispatch_mode")
 _OVERRIDES = ("TorchFunctionMode", "BaseTorchFunctionMode", "_get_current_function_mode",
               "_get_current_function_mode_stack", "_pop_mode", "_pop_mode_temporarily",
               "_push_mode", "handle_torch_function", "has_torch_function",
               "_get_function_stack_at", "_len_torch_function_stack",
               "_pop_torch_function_stack", "_push_on_torch_function_stack")
 _TABLES = ("course_utils.guards", "course_utils.checks")
+# builtins the kernel itself binds afresh for every cell (stdin forwarding, IPython's own
+# names, the last results): no guard reads them
+_KERNEL_BUILTINS = frozenset(("input", "raw_input", "getpass", "exit", "quit", "get_ipython",
+                              "display", "__IPYTHON__", "_", "__", "___"))
 _MODULES = ("course_utils.guards", "course_utils.checks", "course_utils.grading.kernel_side",
             "course_utils.grading.guard_keeper", "course_utils.grading.codec",
             # the load watch of Triton kernels (and the device flags that choose its path)
@@ -95,6 +103,12 @@ def _targets():
             v = vars(mod).get(attr)
             if isinstance(v, type):
                 out.append((f"{name}.{attr}", v))
+    # what the guards' own code reads as it judges a call: the builtins (isinstance, len,
+    # tuple, ...) and the methods and properties of torch.Tensor (shape, numel, clone, ...);
+    # an answer that rebinds one can make the guard see what it likes
+    import builtins
+    out.append(("builtins", vars(builtins)))
+    out.append(("torch.Tensor", torch.Tensor))
     out.append(("torch._C", {k: getattr(torch._C, k) for k in _TORCH_C if hasattr(torch._C, k)}))
     out.append(("torch.overrides", {k: getattr(ov, k) for k in _OVERRIDES if hasattr(ov, k)}))
     for cls in (getattr(ov, "TorchFunctionMode", None), getattr(ov, "BaseTorchFunctionMode", None)):
@@ -133,11 +147,60 @@ def snapshot() -> dict:
         snap[label] = (owner, ns if owner is None else None,
                        {k: (v, _copy(v) if (owner is not None and whole) or (
                            k.isupper() and label in _TABLES) else v)
-                        for k, v in items.items()})
+                        for k, v in items.items()
+                        if not (label == "builtins" and k in _KERNEL_BUILTINS)})
     snap["__code__"] = (None, None, _course_code())
     snap["__modules__"] = (None, None, {n: (sys.modules.get(n), None) for n in _MODULES})
     snap["__torch_attrs__"] = (None, None, _torch_attrs())
+    snap["__mode_stacks__"] = (None, None, _mode_stacks())
     return snap
+
+
+def _mode_stacks() -> dict:
+    """The modes on torch's function-mode and dispatch-mode stacks, bottom first (and the
+    dispatch stack's infrastructure modes, by key). A mode an answer leaves there sees, and
+    can change, every torch call that follows (the checks' own computations included), and a
+    mode under a guard's runs whatever the guard hands on with the guard stepped aside."""
+    import torch
+    C = torch._C
+    out = {"function": tuple(C._get_function_stack_at(i)
+                             for i in range(C._len_torch_function_stack()))}
+    if hasattr(C, "_len_torch_dispatch_stack"):
+        out["dispatch"] = tuple(C._get_dispatch_stack_at(i)
+                                for i in range(C._len_torch_dispatch_stack()))
+        keys = getattr(C, "_TorchDispatchModeKey", None)
+        if keys is not None and hasattr(C, "_get_dispatch_mode"):
+            out["infra"] = tuple((k, C._get_dispatch_mode(k)) for k in keys.__members__.values())
+    return out
+
+
+def _same_modes(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        len(a[k]) == len(b[k]) and all((x[1] if k == "infra" else x) is
+                                       (y[1] if k == "infra" else y)
+                                       for x, y in zip(a[k], b[k])) for k in a)
+
+
+def _restore_modes(held: dict):
+    import torch
+    C = torch._C
+    while C._len_torch_function_stack() > 0:
+        C._pop_torch_function_stack()
+    for m in held["function"]:
+        C._push_on_torch_function_stack(m)
+    if "dispatch" not in held:
+        return
+    while C._len_torch_dispatch_stack() > 0:
+        C._pop_torch_dispatch_stack(None)
+    for k, _ in held.get("infra", ()):
+        if C._get_dispatch_mode(k) is not None:
+            C._unset_dispatch_mode(k)
+    for _, m in held.get("infra", ()):
+        if m is not None:
+            C._set_dispatch_mode(m)
+    for m in held["dispatch"]:
+        if all(m is not im for _, im in held.get("infra", ())):
+            C._push_on_torch_dispatch_stack(m)
 
 
 def _torch_attrs():
@@ -171,10 +234,21 @@ def check_and_restore(snap: dict | None = None) -> list:
     snap = _SNAP if snap is None else snap
     if not snap:
         return []
+    # the builtins first, with nothing but dict operations: the code below (this function's
+    # imports included) calls builtins itself
+    changed = []
+    kept = snap.get("builtins")
+    if kept is not None:
+        live = kept[1]
+        for k, (obj, _) in kept[2].items():
+            if live.get(k, _MISSING) is not obj:
+                changed.append(f"builtins.{k}")
+                live[k] = obj
     import torch
     import torch.overrides as ov
-    changed = []
     for label, (owner, ns, items) in list(snap.items()):
+        if label == "builtins":
+            continue
         if label == "__code__":
             for name, (obj, held) in items.items():
                 if name.endswith(".run"):
@@ -203,6 +277,12 @@ def check_and_restore(snap: dict | None = None) -> list:
                 if getattr(mod, attr, None) is not obj:
                     changed.append(name)
                     setattr(mod, attr, obj)
+            continue
+        if label == "__mode_stacks__":
+            if not _same_modes(_mode_stacks(), items):
+                changed.append("torch's mode stacks (a TorchFunctionMode or TorchDispatchMode "
+                               "entered or left)")
+                _restore_modes(items)
             continue
         if label in ("torch._C", "torch.overrides"):
             continue  # kept through __torch_attrs__

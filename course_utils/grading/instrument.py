@@ -374,6 +374,20 @@ _TAMPER_NAMES = {
     "_get_current_function_mode_stack": "torch's function modes (which the guards use)",
     "_disabled_torch_function_impl": "torch's function modes (which the guards use)",
 }
+# the dispatcher's switches: each runs operators past the guards' dispatch mode (a mode
+# stack popped or disabled, the Python dispatch keys excluded, an operator sent below them)
+_TAMPER_NAMES.update({name: "torch's dispatcher switches (which the guards use)" for name in (
+    "_DisableTorchDispatch", "_ExcludeDispatchKeyGuard", "_IncludeDispatchKeyGuard",
+    "_ForceDispatchKeyGuard", "_PreserveDispatchKeyGuard", "_DisablePythonDispatcher",
+    "_AutoDispatchBelowAutograd", "_AutoDispatchBelowADInplaceOrView", "DispatchKeySet",
+    "DispatchKey", "_dispatch_tls_set_dispatch_key_excluded",
+    "_dispatch_tls_set_dispatch_key_included", "_dispatch_call_boxed",
+    "_pop_torch_dispatch_stack", "_push_on_torch_dispatch_stack", "_set_dispatch_mode",
+    "_unset_dispatch_mode", "_disable_current_modes", "_disable_infra_mode",
+    "_unset_infra_mode", "_push_mode", "redispatch", "_op_dk")})
+# names a string built from pieces could spell ("Disable" + "TorchFunction"): the cell's
+# string constants are also read joined together; only names no prose holds
+_SPELLED = tuple(n for n in _TAMPER_NAMES if n.startswith("_") or n != n.lower())
 
 
 def tamper_references(src: str) -> list[str]:
@@ -391,6 +405,11 @@ def tamper_references(src: str) -> list[str]:
         if what and f"{name} ({what})" not in found:
             found.append(f"{name} ({what})")
 
+    joined = "".join(n.value for n in ast.walk(tree)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    for name in _SPELLED:
+        if name in joined:
+            add(name)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             add(node.id)

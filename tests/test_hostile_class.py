@@ -1,0 +1,285 @@
+"""A hostile class, round four: answers that leave the guards standing but make them look
+away. A tensor subclass whose own handler runs inside the guard's hand-on of an allowed
+operator, a mode left under the guards on torch's stacks, a thread started through a
+library, torch's dispatcher switches reached by names built at run time, builtins or
+``torch.Tensor`` methods rebound so that the guard's own code sees what the answer likes.
+
+Each is graded for real with ``course-grade`` on problem set 3 (where 3.3 forbids a
+library softmax), beside an honest submission, and must cost exactly its own exercise;
+the submissions are hashed before and after. The unit tests below show each refusal on
+its own, and that honest code keeps passing."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_utils import guards
+from course_utils.grading import grader, guard_keeper, instrument, sandbox
+
+sys.path.insert(0, str(Path(__file__).parent))
+from honest_answers import HONEST  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PS = "03_softmax_to_attention"
+CELL = "/tmp/ipykernel_4242/1234567.py"   # the file name IPython gives a notebook cell
+
+
+def _cell(src: str) -> dict:
+    """Run ``src`` as if it were a notebook cell; return its namespace."""
+    ns = {"torch": torch, "__name__": "__main__"}
+    exec(compile(src, CELL, "exec"), ns)
+    return ns
+
+
+# ------------------------------------------------------------------ the answers
+H = "# Exercise 3.3\n"
+DISPATCH_SUBCLASS = '''
+class _S(torch.Tensor):
+    @staticmethod
+    def __new__(cls, elem, vals):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype,
+                                                   device=elem.device)
+    def __init__(self, elem, vals):
+        self.elem, self.vals = elem, vals
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        s = args[0]
+        return torch.softmax(s.elem, -1) @ s.vals      # runs where the guard stepped aside
+def tiled_row_attention(x, vals, B):
+    return torch.neg(_S(x, vals))
+'''
+FUNCTION_SUBCLASS = '''
+class _S(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return torch.softmax(_box["x"], -1) @ _box["vals"]
+_box = {}
+def tiled_row_attention(x, vals, B):
+    _box.update(x=x, vals=vals)
+    return torch.neg(torch.Tensor._make_subclass(_S, x))
+'''
+PERSISTENT_MODE = '''
+from torch.utils._python_dispatch import TorchDispatchMode
+class _M(TorchDispatchMode):        # left under the guards: it runs what they hand on
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.polygamma.default:
+            return torch.ops.aten._softmax.default(args[1], -1, False) @ _box["vals"]
+        return func(*args, **(kwargs or {}))
+_box = {}
+_M().__enter__()
+def tiled_row_attention(x, vals, B):
+    _box["vals"] = vals
+    return torch.polygamma(7, x)
+'''
+LIBRARY_THREAD = '''
+import anyio.from_thread
+def tiled_row_attention(x, vals, B):
+    with anyio.from_thread.start_blocking_portal() as portal:
+        return portal.call(lambda: torch.softmax(x, -1) @ vals)
+'''
+DISABLE_DISPATCH = '''
+_C = getattr(torch, "_" + "C")
+def tiled_row_attention(x, vals, B):
+    with getattr(_C, "_Disable" + "TorchDispatch")(), getattr(_C, "Disable" + "TorchFunction")():
+        return torch.softmax(x, -1) @ vals
+'''
+EXCLUDE_KEYS = '''
+_C = getattr(torch, "_" + "C")
+def tiled_row_attention(x, vals, B):
+    ks = _C.DispatchKeySet(_C.DispatchKey.Python) | \\
+        _C.DispatchKeySet(_C.DispatchKey.PythonTLSSnapshot)
+    with _C._ExcludeDispatchKeyGuard(ks), getattr(_C, "Disable" + "TorchFunction")():
+        return torch.softmax(x, -1) @ vals
+'''
+REDISPATCH = '''
+_C = getattr(torch, "_" + "C")
+def tiled_row_attention(x, vals, B):
+    below = _C.DispatchKeySet(_C.DispatchKey.CPU)
+    return torch.ops.aten._softmax.default.redispatch(below, x, -1, False) @ vals
+'''
+BUILTINS_LIE = '''
+import builtins
+_getattr, _on = builtins.getattr, [False]
+def _lying_getattr(obj, name, *default):     # the guards read an operator's __name__
+    if _on[0] and name == "__name__":
+        return "neg"
+    return _getattr(obj, name, *default)
+builtins.getattr = _lying_getattr
+def tiled_row_attention(x, vals, B):
+    _on[0] = True
+    try:
+        p = torch.softmax(x, -1)
+    finally:
+        _on[0] = False
+    return p @ vals
+'''
+
+# student -> (answer of 3.3, words its feedback must hold)
+ATTACKS = {
+    "dispatch_subclass": (DISPATCH_SUBCLASS, "tensor subclass of its own"),
+    "function_subclass": (FUNCTION_SUBCLASS, "tensor subclass of its own"),
+    "persistent_mode": (PERSISTENT_MODE, "mode stacks"),
+    "library_thread": (LIBRARY_THREAD, "starts a thread"),
+    "disable_dispatch": (DISABLE_DISPATCH, "dispatcher switches"),
+    "exclude_keys": (EXCLUDE_KEYS, "dispatcher switches"),
+    "redispatch": (REDISPATCH, "dispatcher switches"),
+    "builtins_lie": (BUILTINS_LIE, "builtins.getattr"),
+}
+
+
+def _official():
+    nb = nbformat.read(ROOT / "solutions" / f"{PS}.ipynb", as_version=4)
+    return {c.metadata["course"]["exercise"]: c.source for c in nb.cells
+            if c.metadata.get("course", {}).get("role") == "answer"}
+
+
+def _write_class(folder: Path):
+    base = json.loads((ROOT / "exercises" / f"{PS}.ipynb").read_text(encoding="utf-8"))
+    official = _official()
+    for student, answer in [("honest", None)] + [(s, a) for s, (a, _) in ATTACKS.items()]:
+        nb = copy.deepcopy(base)
+        for c in nb["cells"]:
+            cid = c.get("id", "")
+            if cid.startswith("ex-") and cid.endswith("-answer"):
+                ex = cid[3:-len("-answer")].replace("-", ".")
+                c["source"] = H + answer if ex == "3.3" and answer else official[ex]
+        (folder / f"{student}.ipynb").write_text(json.dumps(nb, indent=1), encoding="utf-8")
+
+
+def _hashes(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+ISOLATION = sandbox.detect("auto")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    subs, out = tmp_path_factory.mktemp("hostile4"), tmp_path_factory.mktemp("grades4")
+    _write_class(subs)
+    before = _hashes(subs)
+    result = grader.grade(PS, subs, out, workers=2, cell_timeout=60, timeout=300)
+    return {"subs": subs, "out": out, "before": before, "result": result}
+
+
+# ------------------------------------------------------------------ graded for real
+@pytest.mark.xdist_group("hostile-class-4")
+@pytest.mark.skipif(not (ISOLATION.namespaces or ISOLATION.landlock),
+                    reason="needs the namespaces or Landlock")
+@pytest.mark.parametrize("student", ["honest"] + list(ATTACKS))
+def test_each_attack_costs_exactly_its_own_exercise(graded, student):
+    res = graded["result"].students[student]
+    got = {x["exercise"]: x["points"] for x in res["exercises"]}
+    want = {ex: 1 for ex in got}
+    fb = (graded["out"] / "feedback" / f"{student}.md").read_text(encoding="utf-8")
+    if student != "honest":
+        want["3.3"] = 0
+        assert ATTACKS[student][1] in fb, fb
+    assert res["status"] == "graded" and got == want, fb
+
+
+@pytest.mark.xdist_group("hostile-class-4")
+@pytest.mark.skipif(not (ISOLATION.namespaces or ISOLATION.landlock),
+                    reason="needs the namespaces or Landlock")
+def test_the_hostile_class_leaves_its_submissions_unchanged(graded):
+    assert _hashes(graded["subs"]) == graded["before"]
+    assert graded["result"].students["honest"]["submission_sha256"] == \
+        graded["before"]["honest.ipynb"]
+
+
+# ------------------------------------------------------------------ each refusal on its own
+@pytest.mark.parametrize("src", [DISPATCH_SUBCLASS, FUNCTION_SUBCLASS],
+                         ids=["__torch_dispatch__", "__torch_function__"])
+def test_an_answers_own_tensor_subclass_is_refused_under_the_guard(src):
+    ns = _cell(src)
+    x, vals = torch.randn(3, 7), torch.randn(7, 2)
+    with pytest.raises(guards.GuardEscape, match="tensor subclass of its own"):
+        guards.run_answer(ns["tiled_row_attention"], x, vals, 4, forbid=("softmax",))
+
+
+def test_torchs_own_subclasses_still_pass_under_the_guard():
+    def answer(x):
+        p = torch.nn.Parameter(x.clone())
+        return (p * 2).detach()
+
+    out = guards.run_answer(answer, torch.ones(3), forbid=("softmax", "autograd"))
+    assert torch.equal(out, torch.full((3,), 2.0))
+
+
+def test_a_thread_started_through_a_library_is_refused_in_an_answer():
+    ns = _cell(LIBRARY_THREAD)
+    with pytest.raises(guards.GuardEscape, match="starts a thread"):
+        guards.run_answer(ns["tiled_row_attention"], torch.randn(3, 7), torch.randn(7, 2), 4,
+                          forbid=("softmax",))
+    # outside the checks a learner's own cells keep the library (no graded run here)
+    ns = _cell("import anyio.from_thread\nwith anyio.from_thread.start_blocking_portal() as p:\n"
+               "    r = p.call(lambda: 1 + 1)\n")
+    assert ns["r"] == 2
+
+
+def test_the_guard_keeper_finds_modes_builtins_and_tensor_methods():
+    import builtins
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    guard_keeper.capture()
+    held = builtins.getattr, builtins.__import__, torch.Tensor.shape
+    try:
+        Mode().__enter__()
+        builtins.getattr = lambda *a: None
+        builtins.__import__ = lambda *a, **k: None      # the keeper's own imports too
+        torch.Tensor.shape = property(lambda self: torch.Size([1]))
+        changed = guard_keeper.check_and_restore()
+    finally:
+        builtins.getattr, builtins.__import__ = held[:2]
+        if "shape" in vars(torch.Tensor):
+            del torch.Tensor.shape
+        while torch._C._len_torch_dispatch_stack() > 0:
+            torch._C._pop_torch_dispatch_stack(None)
+    assert "builtins.getattr" in changed and "builtins.__import__" in changed
+    assert "torch.Tensor.shape (added)" in changed
+    assert any("mode stacks" in c for c in changed)
+    # everything put back: the same state again reports nothing
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert guard_keeper.check_and_restore() == []
+    # a mode a check enters around an answer call is the check's: unchanged, not reported
+    with Mode():
+        kept = guard_keeper.snapshot()
+        assert guard_keeper.check_and_restore(kept) == []
+        torch._C._pop_torch_dispatch_stack(None)          # the answer pops the check's mode
+        assert any("mode stacks" in c for c in guard_keeper.check_and_restore(kept))
+        assert torch._C._len_torch_dispatch_stack() == 1
+
+
+@pytest.mark.parametrize("src, name", [
+    (DISABLE_DISPATCH, "_DisableTorchDispatch"), (EXCLUDE_KEYS, "_ExcludeDispatchKeyGuard"),
+    (REDISPATCH, "redispatch"),
+    ("f = getattr(torch._C, 'Disable' + 'TorchFunction')", "DisableTorchFunction"),
+], ids=["disable", "exclude", "redispatch", "spelled"])
+def test_the_dispatchers_switches_are_tampering(src, name):
+    assert any(r.startswith(name + " ") for r in instrument.tamper_references(src))
+
+
+def test_no_official_or_honest_answer_reads_as_tampering():
+    for nb_path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        nb = nbformat.read(nb_path, as_version=4)
+        for c in nb.cells:
+            if c.metadata.get("course", {}).get("role") == "answer":
+                assert instrument.tamper_references(c.source) == [], (nb_path.name, c.id)
+    for stem, exercises in HONEST.items():
+        for ex, answers in exercises.items():
+            for what, src in answers.items():
+                assert instrument.tamper_references(src) == [], (stem, ex, what)
+    # prose that names the guards is not a reference to them
+    assert instrument.tamper_references('"""Uses no run_answer, forbid or guards."""') == []

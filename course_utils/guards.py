@@ -1167,6 +1167,8 @@ def _install_hook():
     view = MappingProxyType(depth)
     _call.__defaults__ = (originals, sys.audit)
     _exempt.__defaults__ = (view, ident)
+    if graded:
+        _guard_switches(getframe, busy, _kind, _refuse)
     # Python 3.11 raises no audit event when a thread starts: raise it here (3.12+ do)
     import _thread
     if sys.version_info < (3, 12) and getattr(threading, "_start_new_thread", None) is \
@@ -1175,6 +1177,105 @@ def _install_hook():
         _thread.start_new_thread = start_new_thread
         threading._start_new_thread = start_new_thread
     return view
+
+
+# torch's switches that run operators past the guards' modes or below the dispatch key they
+# sit on: turning a mode stack off, popping or replacing a mode, excluding the Python dispatch
+# keys, calling one key's kernel or redispatching below them
+_SWITCHES = {
+    "torch._C": ("_DisableTorchDispatch", "DisableTorchFunction", "DisableTorchFunctionSubclass",
+                 "_ExcludeDispatchKeyGuard", "_IncludeDispatchKeyGuard", "_ForceDispatchKeyGuard",
+                 "_PreserveDispatchKeyGuard", "_DisablePythonDispatcher",
+                 "_AutoDispatchBelowAutograd", "_AutoDispatchBelowADInplaceOrView",
+                 "_dispatch_tls_set_dispatch_key_excluded",
+                 "_dispatch_tls_set_dispatch_key_included", "_dispatch_call_boxed",
+                 "_dispatch_find_schema_or_throw", "_pop_torch_dispatch_stack",
+                 "_push_on_torch_dispatch_stack", "_pop_torch_function_stack",
+                 "_push_on_torch_function_stack", "_set_dispatch_mode", "_unset_dispatch_mode"),
+    "torch.utils._python_dispatch": ("_disable_current_modes", "_disable_infra_mode",
+                                     "_unset_infra_mode", "_push_mode", "_pop_mode",
+                                     "_pop_mode_temporarily"),
+    "torch.overrides": ("_push_mode", "_pop_mode", "_pop_mode_temporarily"),
+}
+
+
+def _guard_switches(getframe, busy, kind, refuse):
+    """In a graded kernel, make torch's dispatcher switches (:data:`_SWITCHES`, an operator's
+    ``redispatch``, its per-key kernels ``_op_dk`` and its dispatcher handle) refuse a caller
+    in notebook code, however the name was reached (a scan of the source sees names only as
+    written). PyTorch's and the course's own calls go through unchanged: the guards' modes
+    enter and leave through them."""
+    def from_notebook():
+        busy.on = True
+        try:
+            f = getframe(2)                   # the frame that called the switch
+            fn = f.f_code.co_filename if f is not None else ""
+        finally:
+            busy.on = False
+        return kind(fn) == "user"
+
+    def what(name):
+        return (f"uses torch's dispatcher switches ({name}), which run operators where the "
+                "guards do not see them")
+
+    def switch(name, orig):
+        def guarded(*args, **kwargs):
+            if from_notebook():
+                refuse(what(name))
+            return orig(*args, **kwargs)
+        guarded.__name__ = getattr(orig, "__name__", name)
+        guarded.__qualname__ = getattr(orig, "__qualname__", name)
+        guarded.__doc__ = getattr(orig, "__doc__", None)
+        return guarded
+
+    for modname, names in _SWITCHES.items():
+        mod = importlib.import_module(modname)
+        for name in names:
+            orig = getattr(mod, name, None)
+            if orig is not None:
+                setattr(mod, name, switch(f"{modname}.{name}", orig))
+
+    import torch._ops as ops
+    overload = getattr(ops, "OpOverload", None)
+    per_key = weakref.WeakKeyDictionary()   # each operator's per-key kernel, out of its __dict__
+
+    def kernel_of(self):
+        if from_notebook():
+            refuse(what("an operator's _op_dk"))
+        if self not in per_key:
+            per_key[self] = self.__dict__.pop("_op_dk")
+        return per_key[self]
+
+    def set_kernel(self, value):
+        per_key[self] = value
+        self.__dict__.pop("_op_dk", None)
+
+    def handle_of(self, _real=vars(overload).get("_handle") if overload is not None else None):
+        if from_notebook():
+            refuse(what("an operator's _handle"))
+        return _real.__get__(self, type(self))
+
+    if overload is not None:
+        overload._op_dk = property(kernel_of, set_kernel)
+        if vars(overload).get("_handle") is not None:
+            overload._handle = property(handle_of)
+        # the operators made before this: their per-key kernels leave their __dict__ too
+        made = set(getattr(ops, "cached_ops", ()) or ())
+        for space in list(vars(torch.ops).values()):
+            for packet in list(getattr(space, "__dict__", {}).values()):
+                made.update(o for o in list(getattr(packet, "__dict__", {}).values())
+                            if isinstance(o, overload))
+        for o in made:
+            if "_op_dk" in vars(o):
+                set_kernel(o, vars(o)["_op_dk"])
+        if hasattr(overload, "redispatch"):
+            overload.redispatch = switch("OpOverload.redispatch", overload.redispatch)
+    handle = getattr(torch._C, "_DispatchOperatorHandle", None)
+    if handle is not None and hasattr(handle, "redispatch_boxed"):
+        try:
+            handle.redispatch_boxed = switch("redispatch_boxed", handle.redispatch_boxed)
+        except (AttributeError, TypeError):  # pragma: no cover - a torch that refuses it
+            pass
 
 
 _EXEMPT_VIEW = _install_hook()

@@ -121,6 +121,30 @@ def tiled_row_attention(x, vals, B):
     return p @ vals
 '''
 
+def _codes(name: str) -> str:
+    """``name`` as a tuple of character codes: no scan of the source can read it."""
+    return repr(tuple(ord(c) for c in name))
+
+
+# the switches reached by names no scan of the source can read, and an operator's per-key
+# kernel read out of its __dict__: refused at run time in a graded kernel
+SWITCHES_AT_RUN_TIME = f'''
+_C = getattr(torch, "_" + "C")
+_off = [getattr(_C, "".join(map(chr, c))) for c in ({_codes("_DisableTorchDispatch")},
+                                                   {_codes("DisableTorchFunction")})]
+def tiled_row_attention(x, vals, B):
+    with _off[0](), _off[1]():
+        return torch.softmax(x, -1) @ vals
+'''
+PER_KEY_KERNEL = f'''
+_C = getattr(torch, "_" + "C")
+_op = torch.ops.aten._softmax.default
+_run = vars(_op).get("".join(map(chr, {_codes("_op_dk")}))) or \\
+    getattr(_op, "".join(map(chr, {_codes("_op_dk")})))
+def tiled_row_attention(x, vals, B):
+    return _run(_C.DispatchKey.CPU, x, -1, False) @ vals
+'''
+
 # student -> (answer of 3.3, words its feedback must hold)
 ATTACKS = {
     "dispatch_subclass": (DISPATCH_SUBCLASS, "tensor subclass of its own"),
@@ -131,6 +155,8 @@ ATTACKS = {
     "exclude_keys": (EXCLUDE_KEYS, "dispatcher switches"),
     "redispatch": (REDISPATCH, "dispatcher switches"),
     "builtins_lie": (BUILTINS_LIE, "builtins.getattr"),
+    "switches_at_run_time": (SWITCHES_AT_RUN_TIME, "dispatcher switches"),
+    "per_key_kernel": (PER_KEY_KERNEL, "dispatcher switches"),
 }
 
 
@@ -283,3 +309,72 @@ def test_no_official_or_honest_answer_reads_as_tampering():
                 assert instrument.tamper_references(src) == [], (stem, ex, what)
     # prose that names the guards is not a reference to them
     assert instrument.tamper_references('"""Uses no run_answer, forbid or guards."""') == []
+
+
+RUN_TIME_SWITCHES = r"""
+import json, torch
+from course_utils import guards
+CELL = "/tmp/ipykernel_4242/77.py"      # a notebook cell's file name: notebook code
+def run(src):
+    try:
+        exec(compile(src, CELL, "exec"), {"torch": torch})
+        return "ran"
+    except guards.GuardEscape as e:
+        return "refused: " + str(e)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}"
+op = "torch.ops.aten._softmax.default"
+print(json.dumps({
+    "chr": run("f = getattr(torch._C, ''.join(map(chr, %r)))\nwith f():\n    pass"
+               % (tuple(map(ord, "_DisableTorchDispatch")),)),
+    "pop": run("torch._C._pop_torch_function_stack()"),
+    "modes": run("import torch.utils._python_dispatch as d\nd._disable_current_modes()"),
+    "op_dk": run(f"k = {op}._op_dk"),
+    "op_dk_dict": run(f"assert vars({op}).get('_op_dk') is None"),
+    "handle": run(f"h = {op}._handle"),
+    "redispatch": run(f"{op}.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), "
+                      "torch.ones(2, 2), -1, False)"),
+    # what notebook code does every day still runs: torch's own code calls the switches
+    "parameter": run("p = torch.nn.Parameter(torch.ones(3)); (p * 2).sum().backward()\n"
+                     "assert p.grad.tolist() == [2.0, 2.0, 2.0]"),
+    "own_mode": run("import torch.utils._python_dispatch as d\n"
+                    "class M(d.TorchDispatchMode):\n"
+                    "    def __torch_dispatch__(self, f, t, a=(), k=None):\n"
+                    "        return f(*a, **(k or {}))\n"
+                    "with M():\n    z = torch.ones(2) + 1\nassert z.tolist() == [2.0, 2.0]"),
+    "decompose": run(f"y = torch.ops.aten.softmax.int.decompose(torch.ones(2, 3), -1)\n"
+                     "assert torch.allclose(y, torch.full((2, 3), 1 / 3))"),
+    "softmax_grad": run("x = torch.ones(2, 2, requires_grad=True)\n"
+                        "torch.softmax(x, -1).sum().backward()\nassert x.grad.shape == (2, 2)"),
+}))
+"""
+
+
+@pytest.mark.parametrize("graded_run", [True, False], ids=["graded", "own-notebook"])
+def test_the_dispatchers_switches_refuse_notebook_code_at_run_time(tmp_path, graded_run):
+    """In a graded kernel the switches refuse a caller in notebook code however the name was
+    reached; torch's own calls (Parameters, modes entering and leaving, decompositions) pass.
+    In a learner's own notebook nothing changes."""
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_GRADE_RUN"}
+    if graded_run:
+        env["COURSE_GRADE_RUN"] = "1"
+    env["PYTHONPATH"] = str(ROOT)
+    script = tmp_path / "switches.py"
+    script.write_text(RUN_TIME_SWITCHES)
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in ("parameter", "own_mode", "decompose", "softmax_grad"):
+        assert got[name] == "ran", (name, got[name])
+    for name in ("chr", "pop", "modes", "op_dk", "handle", "redispatch"):
+        if graded_run:
+            assert got[name].startswith("refused: ") and "dispatcher switches" in got[name], \
+                (name, got[name])
+        else:
+            assert not got[name].startswith("refused"), (name, got[name])
+    # the per-key kernel is out of the operator's __dict__ only in a graded kernel
+    assert got["op_dk_dict"] == ("ran" if graded_run else "error: AssertionError: "), \
+        got["op_dk_dict"]

@@ -1119,3 +1119,96 @@ for _stem, _exercises in _ROUND3.items():
     for _ex, _answers in _exercises.items():
         HONEST.setdefault(_stem, {}).setdefault(_ex, {}).update(_answers)
 del _stem, _exercises, _ex, _answers
+
+# Round eight: right answers in styles the wrong answers of round eight sit close to
+_ROUND8 = {
+    '00_setup': {
+        '0.1': {
+            "the dtype's itemsize": '''# Exercise 0.1
+def score_bytes(B, H, N, dtype):
+    return B * H * N * N * dtype.itemsize''',
+        },
+        '0.2': {
+            'k.mT, times d ** -0.5': '''# Exercise 0.2
+def scaled_scores(q, k):
+    return q @ k.mT * q.shape[-1] ** -0.5''',
+        },
+    },
+    '01_register_machine': {
+        '1.6': {
+            'the outputs visited column by column': '''# Exercise 1.6
+def no_reuse_trace_t(n):
+    lines = []
+    for j in range(n):
+        for i in range(n):
+            for k in range(n):
+                lines.append(f"LOAD b[{j}][{k}], R1")
+                lines.append(f"LOAD a[{i}][{k}], R0")
+                lines.append("MAC_Z R1, R0, R2" if k == 0 else "MAC R1, R0, R2, R2")
+            lines.append(f"STORE R2, c[{i}][{j}]")
+    return "\\n".join(lines)''',
+        },
+    },
+    '02_softmax_on_the_machine': {
+        '2.5': {
+            "the NaN of -inf - (-inf) replaced by 0 after exp": '''# Exercise 2.5
+def rescale_factor(m_old, m_new):
+    return torch.exp(m_old - m_new).nan_to_num(nan=0.0)''',
+        },
+        '2.6': {
+            'M2 grown by delta^2 (N - 1) / N': '''# Exercise 2.6 (2 points)
+def welford_step(state, x):
+    n, mean, m2 = state
+    delta = x - mean
+    n += 1
+    m2 += delta * delta * (n - 1) / n
+    mean += delta / n
+    return (n, mean, m2)
+
+m2_increment_is = "b"''',
+        },
+    },
+    '03_softmax_to_attention': {
+        '3.4': {
+            'math.ceil of a true division for the tile counts': '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    Tr, Tc = math.ceil(N / Br), math.ceil(N / Bc)
+    kv = N * d * 2
+    return Tr * kv, kv, (2 * Tc + 1) * N * d''',
+        },
+    },
+    '04_tiled_attention': {
+        '4.2': {
+            'tril of a ones tile with the diagonal i0 - j0': '''# Exercise 4.2
+def tile_visible(i0, j0, rows, cols):
+    return torch.ones(rows, cols, dtype=torch.bool).tril(diagonal=i0 - j0)''',
+        },
+        '4.5': {
+            'every tile a permutation of the same eight keys': '''# Exercise 4.5
+prediction_4_5 = "finite_but_wrong"
+base = torch.randn(8, 4)
+k_special = torch.cat([base[torch.randperm(8)] for _ in range(4)])[None, None]''',
+        },
+    },
+    '05_backward_pass': {
+        '5.4': {
+            'dK as the transpose of Q^T dS': '''# Exercise 5.4
+def grads_through_scores(ds, q, k, scale):
+    dq = torch.matmul(ds, k) * scale
+    dk = (q.transpose(-2, -1) @ ds).transpose(-2, -1) * scale
+    return dq, dk''',
+        },
+    },
+    '07_triton_backward': {
+        '7.4': {
+            'strided slices, one per position in the group, summed': '''# Exercise 7.4
+def group_sum(dk_per_query_head, group):
+    return sum(dk_per_query_head[:, r::group] for r in range(group))''',
+        },
+    },
+}
+
+for _stem, _exercises in _ROUND8.items():
+    for _ex, _answers in _exercises.items():
+        HONEST.setdefault(_stem, {}).setdefault(_ex, {}).update(_answers)
+del _stem, _exercises, _ex, _answers

@@ -256,6 +256,28 @@ def test_checks_pass_the_best_answers(capsys):
     assert capsys.readouterr().out.count("ok: ") == 6
 
 
+def test_rising_inputs_catch_a_max_pass_that_stops_short_and_a_misplaced_factor():
+    # rising inputs put the max last and move it at every element: the reference traces pass,
+    # a max pass that misses the last element overflows (inputs 800 apart), and an online step
+    # that rescales the new term instead of the old sum is wrong once the sum has grown past 1
+    check_trace("4", safe_softmax_trace, quiet=True, sizes=(4, 7), scale=300.0, rising=True)
+    check_trace("5", online_softmax_trace, quiet=True, sizes=(4, 7), rising=True)
+
+    def short_max_pass(n):
+        return safe_softmax_trace(n).replace(f"LOAD x[{n - 1}], R0\nMAX R0, R1, R1\n", "", 1)
+
+    check_trace("4", short_max_pass, quiet=True, sizes=(9, 4), scale=300.0)   # escapes the others
+    with pytest.raises(CheckFailed, match="out\\["):
+        check_trace("4", short_max_pass, quiet=True, sizes=(4, 7), scale=300.0, rising=True)
+
+    def factor_on_the_term(n):
+        return online_softmax_trace(n).replace("MUL R2, R3, R2", "MUL R0, R3, R0")
+
+    check_trace("5", factor_on_the_term, quiet=True)                           # escapes the others
+    with pytest.raises(CheckFailed, match="out\\["):
+        check_trace("5", factor_on_the_term, quiet=True, sizes=(4, 7), rising=True)
+
+
 def test_check_explains_wasted_loads():
     with pytest.raises(CheckFailed) as e:
         check_trace("2", NAIVE_2X2, quiet=True)

@@ -130,7 +130,7 @@ def _softmax_reference(x):
 
 
 def check_trace(problem, trace, quiet: bool = False, *, sizes=(1, 2, 3, 6),
-                scale: float = 1.0) -> TraceResult:
+                scale: float = 1.0, rising: bool = False) -> TraceResult:
     """Check a learner's answer to ``problem`` (a key of :data:`PROBLEMS`).
 
     Matmul problems take the trace text. Softmax problems take a function
@@ -141,7 +141,8 @@ def check_trace(problem, trace, quiet: bool = False, *, sizes=(1, 2, 3, 6),
 
     ``problem`` may also be a :class:`Problem` (a variant: other outputs, registers or n).
     Softmax problems run for every n in ``sizes``, on inputs spread over
-    ``[-4 scale, 4 scale]``.
+    ``[-4 scale, 4 scale]``; with ``rising`` the inputs climb evenly from ``-4 scale`` to
+    ``4 scale``, so the max moves at every element and the last element is the largest.
     """
     if isinstance(problem, Problem):
         prob = problem
@@ -158,7 +159,7 @@ def check_trace(problem, trace, quiet: bool = False, *, sizes=(1, 2, 3, 6),
             if not callable(trace):
                 raise TypeError("trace: expected a function n -> trace text for the softmax "
                                 f"problems, got {type(trace).__name__}")
-            res = _check_softmax(prob, trace, sizes, scale)
+            res = _check_softmax(prob, trace, sizes, scale, rising)
     except TraceError as e:
         raise CheckFailed(f"{prob.title}: the machine rejects your trace: {e}\n"
                           f"  hint: this machine has R0..R{prob.registers - 1}; "
@@ -198,12 +199,14 @@ def _check_matmul(prob: Problem, trace) -> TraceResult:
     return res
 
 
-def _check_softmax(prob: Problem, fn, sizes=(1, 2, 3, 6), scale=1.0) -> TraceResult:
+def _check_softmax(prob: Problem, fn, sizes=(1, 2, 3, 6), scale=1.0, rising=False) -> TraceResult:
     res = None
     for n in sizes:
         rng = random.Random(100 + n)
         x = [round(rng.uniform(-4, 4) * scale, 3) for _ in range(n)]
-        if n >= 3:
+        if rising:
+            x = [round((-4 + 8 * i / max(n - 1, 1)) * scale, 3) for i in range(n)]
+        elif n >= 3:
             x[1] = max(x) + 2.5 * scale  # the max moves after the first element
         text = fn(n)
         if not isinstance(text, str):

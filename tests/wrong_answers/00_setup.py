@@ -86,3 +86,24 @@ WRONG["0.2"]["the scores cast to float16"] = edit(official("0.2"),
 WRONG["0.2"]["d read as q.shape[1] (the heads of a batched input)"] = '''# Exercise 0.2
 def scaled_scores(q, k):
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[1])'''
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+WRONG["0.1"]["the heads forgotten"] = edit(official("0.1"),
+    ("    return B * H * N * N * (torch.finfo(dtype).bits // 8)",
+     "    return B * N * N * (torch.finfo(dtype).bits // 8)"))
+# the default dtype's element size (4) whatever dtype is asked
+WRONG["0.1"]["the element size of the default dtype"] = edit(official("0.1"),
+    ("    return B * H * N * N * (torch.finfo(dtype).bits // 8)",
+     "    return B * H * N * N * torch.empty(0).element_size()"))
+# d ** 1/2 is (d ** 1) / 2
+WRONG["0.2"]["d ** 1/2 (precedence: d / 2)"] = edit(official("0.2"),
+    ("    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])",
+     "    return q @ k.transpose(-2, -1) / q.shape[-1] ** 1/2"))
+WRONG["0.2"]["multiplies by sqrt(d)"] = edit(official("0.2"),
+    ("/ math.sqrt(q.shape[-1])", "* math.sqrt(q.shape[-1])"))
+# subscripts for 4-D inputs only
+WRONG["0.2"]["einsum with the batch and head letters written out"] = '''# Exercise 0.2
+def scaled_scores(q, k):
+    return torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.shape[-1])
+'''

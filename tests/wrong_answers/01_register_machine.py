@@ -324,3 +324,54 @@ WRONG["1.6"]["a[k][i] and b[j][k]"] = edit(official("1.6"),
 # the triple-quoted trace starts and ends with a newline: two lines too many
 WRONG["1.4"]["the cycle count as the number of lines of the string"] = edit(official("1.4"),
     ("inner6_cycles = 20", 'inner6_cycles = len(trace_inner6.split("\\n"))'))
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# B read as if transposed: c[i][j] = a[i][0] b[j][0] + a[i][1] b[j][1]
+WRONG["1.1"]["b[j][k] in place of b[k][j]"] = edit(official("1.1"),
+    ('        f"LOAD b[0][{j}], R1",', '        f"LOAD b[{j}][0], R1",'),
+    ('        f"LOAD b[1][{j}], R1",', '        f"LOAD b[{j}][1], R1",'))
+# the second pair both loaded into R0: the MAC multiplies b[1][j] by b[0][j]
+WRONG["1.1"]["the second pair both loaded into R0"] = edit(official("1.1"),
+    ('        f"LOAD b[1][{j}], R1",', '        f"LOAD b[1][{j}], R0",'))
+WRONG["1.1"]["the operand register stored (R0, not the sum)"] = edit(official("1.1"),
+    ('        f"STORE R2, c[{i}][{j}]",', '        f"STORE R0, c[{i}][{j}]",'))
+# 13 LOADs and 25 cycles, but c[0][1]'s reused product takes b[1][0] (still in R1) for b[1][1]
+WRONG["1.2"]["c[0][1]'s first product with b[1][0] (the load of b[1][1] replaced)"] = edit(official("1.2"),
+    ("LOAD b[1][1], R1      # R0 = a01 is reused", "LOAD b[1][0], R1      # R0 = a01 is reused"))
+# 25 cycles: MAC instead of MAC_Z at the start of c[0][1], so it adds onto c[0][0]
+WRONG["1.2"]["c[0][1] starts with MAC: the sum carries c[0][0] over"] = edit(official("1.2"),
+    ("LOAD b[1][1], R1      # R0 = a01 is reused\nMAC_Z R0, R1, R2",
+     "LOAD b[1][1], R1      # R0 = a01 is reused\nMAC R0, R1, R2, R2"))
+# the second product of c[1][1] restarts the sum
+WRONG["1.2"]["MAC_Z for the second product of c[1][1]"] = edit(official("1.2"),
+    ("LOAD b[1][1], R1\nMAC R0, R1, R2, R2\nSTORE R2, c[1][1]",
+     "LOAD b[1][1], R1\nMAC_Z R0, R1, R2\nSTORE R2, c[1][1]"))
+# the outputs from R1 on: c[0][0] lives in the operand register R1
+WRONG["1.3"]["accumulators from R1 (R{1 + n*i + j})"] = edit(official("1.3"),
+    ("                acc = 2 + n * i + j", "                acc = 1 + n * i + j"),
+    ('    lines += [f"STORE R{2 + n * i + j}, c[{i}][{j}]" for i in range(n) for j in range(n)]',
+     '    lines += [f"STORE R{1 + n * i + j}, c[{i}][{j}]" for i in range(n) for j in range(n)]'))
+# MAC_Z for the first row of every k, instead of for every row of the first k
+WRONG["1.3"]["MAC_Z when i == 0 instead of k == 0"] = edit(official("1.3"),
+    ('f"MAC_Z R0, R1, R{acc}" if k == 0 else', 'f"MAC_Z R0, R1, R{acc}" if i == 0 else'))
+# 8 LOADs and 20 cycles, but a01 (R1) is overwritten by c[0][1]'s first product, then read
+WRONG["1.4"]["a01 overwritten by c[0][1]'s first product, then read"] = edit(official("1.4"),
+    ("MAC_Z R0, R4, R0      # a00 is done: overwrite it\nMAC R1, R5, R0, R0\nSTORE R0, c[0][1]",
+     "MAC_Z R0, R4, R1\nMAC R1, R5, R1, R1\nSTORE R1, c[0][1]"))
+WRONG["1.4"]["the cycle count as a string"] = edit(official("1.4"),
+    ("inner6_cycles = 20", 'inner6_cycles = "20"'))
+WRONG["1.5"]["one register with the accumulator in the unit"] = '''# Exercise 1.5
+min_registers = 3
+with_accumulator_in_unit = 1
+'''
+WRONG["1.5"]["the quiz's six registers"] = '''# Exercise 1.5
+min_registers = 6
+with_accumulator_in_unit = 4
+'''
+# MAC for k = 0 too: every output after the first adds onto the previous one
+WRONG["1.6"]["MAC for every k: the sum carries over from the previous output"] = edit(official("1.6"),
+    ('"MAC_Z R0, R1, R2" if k == 0 else "MAC R0, R1, R2, R2"',
+     '"MAC_Z R0, R1, R2" if i == j == k == 0 else "MAC R0, R1, R2, R2"'))
+WRONG["1.6"]["k over range(n - 1)"] = edit(official("1.6"),
+    ("            for k in range(n):", "            for k in range(n - 1):"))

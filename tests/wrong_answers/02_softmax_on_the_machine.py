@@ -321,3 +321,57 @@ def online_max_sum(x):
 # MAX Ra, Rb, Rd writes Rd: the running max in R1 never moves from x[0]
 WRONG["2.3"]["the max written into R0: R1 stays x[0]"] = edit(official("2.3"),
     ('        t += [f"LOAD x[{i}], R0", "MAX R0, R1, R1"]', '        t += [f"LOAD x[{i}], R0", "MAX R0, R1, R0"]'))
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# a float32 tensor of the largest float64 is inf
+WRONG["2.1"]["torch.log of a default-dtype tensor of the max"] = edit(official("2.1"),
+    ("    return math.log(torch.finfo(dtype).max)",
+     "    return float(torch.log(torch.tensor(torch.finfo(dtype).max)))"))
+WRONG["2.1"]["minus the log of eps"] = edit(official("2.1"),
+    ("    return math.log(torch.finfo(dtype).max)", "    return -math.log(torch.finfo(dtype).eps)"))
+WRONG["2.2"]["the factor inverted: exp(m_new - m)"] = edit(official("2.2"),
+    ("        s = s * torch.exp(m - m_new) + torch.exp(xi - m_new)",
+     "        s = s * torch.exp(m_new - m) + torch.exp(xi - m_new)"))
+# a branch for a new max that moves m before the factor is taken: the factor is always 1
+WRONG["2.2"]["the max moved before the factor is taken (branches)"] = '''# Exercise 2.2
+def online_max_sum(x):
+    m = torch.tensor(-math.inf, dtype=x.dtype)
+    s = torch.tensor(0.0, dtype=x.dtype)
+    for xi in x:
+        if xi > m:
+            m = xi
+            s = s * torch.exp(m - xi) + 1.0
+        else:
+            s = s + torch.exp(xi - m)
+    return m, s
+'''
+# the max pass stops one element short: wrong whenever the last element is the largest
+WRONG["2.3"]["the max pass misses the last element"] = edit(official("2.3"),
+    ("    for i in range(1, n):\n        t += [f\"LOAD x[{i}], R0\", \"MAX R0, R1, R1\"]",
+     "    for i in range(1, n - 1):\n        t += [f\"LOAD x[{i}], R0\", \"MAX R0, R1, R1\"]"))
+WRONG["2.3"]["outputs stored in reverse order"] = edit(official("2.3"),
+    ('              f"STORE R0, out[{i}]"]', '              f"STORE R0, out[{n - 1 - i}]"]'))
+# the rescaling factor multiplies the new term instead of the old sum
+WRONG["2.4"]["the factor applied to the new term, not to s"] = edit(official("2.4"),
+    ('        "MUL R2, R3, R2",    # rescale s', '        "MUL R0, R3, R0",'))
+WRONG["2.4"]["the factor added in place of the new term"] = edit(official("2.4"),
+    ('        "ADD R2, R0, R2",    # add the new term', '        "ADD R2, R3, R2",'))
+WRONG["2.4"]["exp before the subtraction for the new term"] = edit(official("2.4"),
+    ('        "SUB R0, R1, R0",    # x_i - m_new\n        "EXP R3, R3",        # rescaling factor in (0, 1]\n'
+     '        "EXP R0, R0",        # the new term\n',
+     '        "EXP R3, R3",\n        "EXP R0, R0",\n        "SUB R0, R1, R0",\n'))
+# x copied in place of the old max: the factor is exp(x_i - m_new)
+WRONG["2.4"]["MOV R0, R3: x copied instead of the old max"] = edit(official("2.4"),
+    ('        "MOV R1, R3",        # keep the old max', '        "MOV R0, R3",'))
+# a 1-D tensor for a 2-D state
+WRONG["2.5"]["math.exp over a flattened list (a 1-D result)"] = '''# Exercise 2.5
+def rescale_factor(m_old, m_new):
+    out = [0.0 if a == -math.inf else math.exp(a - b)
+           for a, b in zip(m_old.flatten().tolist(), m_new.flatten().tolist())]
+    return torch.tensor(out, dtype=m_old.dtype)
+'''
+WRONG["2.6"]["the choice in upper case"] = edit(official("2.6"),
+    ('m2_increment_is = "b"', 'm2_increment_is = "B"'))
+WRONG["2.6"]["the state returned as a list"] = edit(official("2.6"),
+    ("    return N, mean, m2", "    return [N, mean, m2]"))

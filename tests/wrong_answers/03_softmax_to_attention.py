@@ -312,3 +312,48 @@ WRONG["3.1"]["the safe shift tested on the score, not on the new maximum"] = edi
 WRONG["3.1"]["shift by 0 while the old max is -inf (first term unshifted)"] = edit(official('3.1'),
     ('    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)',
      '    shift = torch.where(torch.isneginf(m), torch.zeros_like(m_new), m_new)'))
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# the old maximum returned: the next step rescales from -inf again
+WRONG["3.1"]["the old max returned (m never moves)"] = edit(official("3.1"),
+    ("    return m_new, r * den + w, r * num + w * v", "    return m, r * den + w, r * num + w * v"))
+WRONG["3.1"]["the old sums divided by the factor"] = edit(official("3.1"),
+    ("    return m_new, r * den + w, r * num + w * v", "    return m_new, den / r + w, num / r + w * v"))
+# assumes a holds the larger maximum
+WRONG["3.2"]["the first state's max kept as the merged max"] = edit(official("3.2"),
+    ("    m = torch.maximum(ma, mb)", "    m = ma"))
+# the safe shift returned as the max: 0 for rows with no key, not -inf
+WRONG["3.2"]["the safe shift returned as the merged max"] = edit(official("3.2"),
+    ("    return m, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_",
+     "    return safe, ca * da + cb * db, ca[:, None] * na + cb[:, None] * nb_"))
+WRONG["3.3"]["l not unsqueezed at the end"] = edit(official("3.3"),
+    ("    return total.acc / total.l[:, None]", "    return total.acc / total.l"))
+WRONG["3.3"]["tiles sliced lo:lo + B - 1 (one key per tile dropped)"] = edit(official("3.3"),
+    ("    states = [state_from_scores(x[:, lo:lo + B], vals[lo:lo + B])",
+     "    states = [state_from_scores(x[:, lo:lo + B - 1], vals[lo:lo + B - 1])"))
+WRONG["3.3"]["the last tile merged twice"] = edit(official("3.3"),
+    ("    for st in reversed(states[:-1]):", "    for st in reversed(states):"))
+WRONG["3.4"]["np.ceil for the tile counts (numpy floats)"] = '''# Exercise 3.4
+import numpy as np
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = np.ceil(N / Br), np.ceil(N / Bc)
+    return 2 * tr * N * d, 2 * N * d, tc * N * d + (tc + 1) * N * d
+'''
+WRONG["3.4"]["the head dimension forgotten"] = '''# Exercise 3.4
+def hbm_traffic(N, d, Br, Bc):
+    tr, tc = -(-N // Br), -(-N // Bc)
+    return 2 * tr * N, 2 * N, tc * N + (tc + 1) * N
+'''
+WRONG["3.5"]["K and V read once (FA1's count)"] = edit(official("3.5"),
+    ("    moved = N * d + 2 * tr * N * d + N * d", "    moved = N * d + 2 * N * d + N * d"))
+WRONG["3.5"]["2 N^2 d FLOPs"] = edit(official("3.5"),
+    ("    return 4 * N * N * d / (nbytes * moved)", "    return 2 * N * N * d / (nbytes * moved)"))
+WRONG["3.5"]["floor division"] = edit(official("3.5"),
+    ("    return 4 * N * N * d / (nbytes * moved)", "    return 4 * N * N * d // (nbytes * moved)"))
+WRONG["3.6"]["the orders in upper case"] = '''# Exercise 3.6
+orders = {"o_written_once": "FA2", "kv_loaded_once": "FA1", "lm_in_hbm": "FA1",
+          "intensity_grows_with_Br": "FA2", "more_bytes_for_long_rows": "FA1"}
+'''
+WRONG["3.6"]["kv_loaded_once answered fa2"] = edit(official("3.6"),
+    ('"kv_loaded_once": "fa1"', '"kv_loaded_once": "fa2"'))

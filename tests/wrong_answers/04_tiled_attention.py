@@ -575,3 +575,58 @@ vj = v[:, :, j0:j0 + Bc].float()
 s = (q[:, :, i0:i0 + Br] @ k[:, :, j0:j0 + Bc].transpose(-1, -2)).float() * scale
 if is_causal:
     s = s.masked_fill(~tile_visible(i0, j0, rows, kj.shape[2]), float("-inf"))''')
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+WRONG["4.1"]["Br = max(Bc, d)"] = edit(official("4.1"),
+    ("    return min(bc, d), bc", "    return max(bc, d), bc"))
+WRONG["4.1"]["refuses only M < d"] = edit(official("4.1"),
+    ("    if M < 4 * d:", "    if M < d:"))
+WRONG["4.1"]["a list, not a tuple"] = edit(official("4.1"),
+    ("    return min(bc, d), bc", "    return [min(bc, d), bc]"))
+# the first query counted from 1: every diagonal moves one key right
+WRONG["4.2"]["query positions from i0 + 1"] = edit(official("4.2"),
+    ("    r = i0 + torch.arange(rows)[:, None]", "    r = i0 + 1 + torch.arange(rows)[:, None]"))
+# i0 and j0 taken for tile numbers: right for the tile at (0, 0) only
+WRONG["4.2"]["i0 and j0 read as tile indices (times the tile size)"] = edit(official("4.2"),
+    ("    r = i0 + torch.arange(rows)[:, None]\n    c = j0 + torch.arange(cols)[None, :]",
+     "    r = i0 * rows + torch.arange(rows)[:, None]\n    c = j0 * cols + torch.arange(cols)[None, :]"))
+WRONG["4.2"]["the result transposed (cols, rows)"] = edit(official("4.2"),
+    ("    return c <= r", "    return (c <= r).T"))
+WRONG["4.2"]["one arange of the rows for both axes"] = edit(official("4.2"),
+    ("    c = j0 + torch.arange(cols)[None, :]", "    c = j0 + torch.arange(rows)[None, :]"))
+WRONG["4.2"]["the key positions from j0 - 1"] = edit(official("4.2"),
+    ("    c = j0 + torch.arange(cols)[None, :]", "    c = j0 - 1 + torch.arange(cols)[None, :]"))
+WRONG["4.3"]["the output left in float32"] = edit(official("4.3"),
+    ("    o = torch.empty_like(q)", "    o = torch.empty_like(q, dtype=torch.float32)"),
+    ("        o[:, :, i0:i0 + Br] = (acc / l[..., None]).to(q.dtype)",
+     "        o[:, :, i0:i0 + Br] = acc / l[..., None]"))
+WRONG["4.3"]["scale 1/sqrt(Bc)"] = edit(official("4.3"),
+    ("    scale = 1.0 / math.sqrt(q.shape[-1])", "    scale = 1.0 / math.sqrt(Bc)"))
+WRONG["4.4"]["the tile as ceil(j / 12)"] = '''# Exercise 4.4
+predicted_tile = {"fp16": math.ceil(56 / 12), "fp32": math.ceil(444 / 12)}
+predicted_output = "nan"
+'''
+WRONG["4.4"]["predicted_output 'finite'"] = edit(official("4.4"),
+    ('predicted_output = "nan"', 'predicted_output = "finite"'))
+WRONG["4.4"]["the tiles as floats"] = edit(official("4.4"),
+    ('predicted_tile = {"fp16": 56 // 12, "fp32": 444 // 12}',
+     'predicted_tile = {"fp16": 56 / 12 // 1, "fp32": 444 / 12 // 1}'))
+WRONG["4.5"]["predicts exact"] = edit(official("4.5"),
+    ('prediction_4_5 = "finite_but_wrong"', 'prediction_4_5 = "exact"'))
+# the same keys in every tile, scaled by the tile's number: every tile a new maximum
+WRONG["4.5"]["k_special: each tile the same keys times its number"] = edit(official("4.5"),
+    ("k_special = tile_keys.repeat(1, 1, 4, 1)",
+     "k_special = torch.cat([tile_keys * (t + 1) for t in range(4)], dim=2)"))
+WRONG["4.5"]["k_special without the batch and head axes"] = edit(official("4.5"),
+    ("k_special = tile_keys.repeat(1, 1, 4, 1)", "k_special = tile_keys.repeat(1, 1, 4, 1)[0, 0]"))
+WRONG["4.6"]["kv head h // Hkv"] = edit(official("4.6"),
+    ("        kv = h // group", "        kv = h // hkv"))
+# steps record O before this step's update
+WRONG["4.7"]["the step recorded before O is updated"] = edit(official("4.7"),
+    ("            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]\n"
+     "            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new\n"
+     "            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))",
+     "            steps.append((j, i, m_new.clone(), l_new.clone(), o[r0:r0 + Br].clone()))\n"
+     "            o[r0:r0 + Br] = ((a * l_old)[:, None] * o[r0:r0 + Br] + p @ vj) / l_new[:, None]\n"
+     "            m[r0:r0 + Br], l[r0:r0 + Br] = m_new, l_new"))

@@ -302,3 +302,46 @@ def grads_through_pv(p, v, do):
     vjp = getattr(importlib.import_module("functorch"), "vjp")
     _, back = vjp(lambda a, b: a @ b, p, v)
     return back(do)'''
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+WRONG["5.1"]["everything summed (one number)"] = edit(official("5.1"),
+    ("    return (do * o).sum(dim=-1)", "    return (do * o).sum()"))
+WRONG["5.2"]["dV = P dO (P not transposed)"] = '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    return do @ v.transpose(-1, -2), p @ do
+'''
+WRONG["5.2"]["dP = dO V (V not transposed)"] = '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    return do @ v, p.transpose(-1, -2) @ do
+'''
+WRONG["5.3"]["D subtracted from P, not from dP"] = edit(official("5.3"),
+    ("    return p * (dp - D[..., None])", "    return (p - D[..., None]) * dp"))
+WRONG["5.4"]["K transposed in dQ"] = edit(official("5.4"),
+    ("    dq = scale * ds @ k", "    dq = scale * ds @ k.transpose(-1, -2)"))
+WRONG["5.4"]["dK = scale Q^T dS"] = edit(official("5.4"),
+    ("    dk = scale * ds.transpose(-1, -2) @ q", "    dk = scale * q.transpose(-1, -2) @ ds"))
+WRONG["5.5"]["the scale left out of P"] = edit(official("5.5"),
+    ("    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])", "    p = torch.exp(q_i @ k_j.T - lse_i[:, None])"))
+WRONG["5.6"]["K counted in tiles (Tc), not elements"] = '''# Exercise 5.6
+def backward_reads(Nq, Nk, d, Br, Bc):
+    tc = -(-Nk // Bc)
+    return tc, 2 * tc, Nq * d
+'''
+WRONG["5.7"]["dQ outer in the row-wise schedule"] = edit(official("5.7"),
+    ('row_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}',
+     'row_wise = {"dQ": "outer", "dK": "outer", "dV": "outer"}'))
+WRONG["5.7"]["dK inner in the row-wise schedule"] = edit(official("5.7"),
+    ('row_wise = {"dQ": "inner", "dK": "outer", "dV": "outer"}',
+     'row_wise = {"dQ": "inner", "dK": "inner", "dV": "outer"}'))
+WRONG["5.7"]["dK outer in the column-wise schedule"] = edit(official("5.7"),
+    ('column_wise = {"dQ": "outer", "dK": "inner", "dV": "inner"}',
+     'column_wise = {"dQ": "outer", "dK": "outer", "dV": "inner"}'))
+WRONG["5.7"]["the answers capitalised"] = '''# Exercise 5.7
+row_wise = {"dQ": "Inner", "dK": "Outer", "dV": "Outer"}
+column_wise = {"dQ": "Outer", "dK": "Inner", "dV": "Inner"}
+'''
+WRONG["5.7"]["the keys in lower case"] = '''# Exercise 5.7
+row_wise = {"dq": "inner", "dk": "outer", "dv": "outer"}
+column_wise = {"dq": "outer", "dk": "inner", "dv": "inner"}
+'''

@@ -541,3 +541,33 @@ WRONG["6.4"]["the running max clamped at 0 (never below)"] = _UPDATE.replace(
     "m_new = tl.maximum(m, tl.max(s, 1))", "m_new = tl.maximum(tl.maximum(m, tl.max(s, 1)), 0.0)")
 WRONG["6.6"]["the running max starts at 0 (m = zeros)"] = _variant(
     'm = tl.full([BLOCK_M], float("-inf"), tl.float32)', "m = tl.zeros([BLOCK_M], tl.float32)")
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# Nk // BN key tiles: the short last key tile never counted
+WRONG["6.2"]["the short last key tile dropped (Nk // BN tiles)"] = edit(official("6.2"),
+    ("    off, tiles_k = Nk - Nq, -(-Nk // BN)", "    off, tiles_k = Nk - Nq, Nk // BN"))
+# one masked tile per query tile, as when BM == BN and the tiles are aligned
+WRONG["6.2"]["one masked tile per query tile"] = edit(official("6.2"),
+    ("        masked += seen - unmasked", "        masked += seen > 0"))
+WRONG["6.3"]["a 0-d tensor, not a float"] = '''# Exercise 6.3
+def qk_scale_for(head_dim, sm_scale=None):
+    if sm_scale is None:
+        sm_scale = 1 / math.sqrt(head_dim)
+    return torch.tensor(sm_scale, dtype=torch.float64) * math.log2(math.e)
+'''
+WRONG["6.5"]["offset subtracted in the off-band test"] = edit(official("6.5"),
+    ("    if c1 < r0 + offset:", "    if c1 < r0 - offset:"))
+# the first key compared with the first row's diagonal
+WRONG["6.5"]["off-band from the first key (c0 < r0 + offset)"] = edit(official("6.5"),
+    ("    if c1 < r0 + offset:", "    if c0 < r0 + offset:"))
+WRONG["6.5"]["'off_band' with an underscore"] = edit(official("6.5"),
+    ('        return "off-band"', '        return "off_band"'))
+WRONG["6.1"]["alpha times the sum (alpha * (x + y))"] = edit(official("6.1"),
+    ("    tl.store(OUT + offs, alpha * x + y, mask=mask)", "    tl.store(OUT + offs, alpha * (x + y), mask=mask)"))
+# the result written over y: OUT is never written
+WRONG["6.1"]["the result stored into Y"] = edit(official("6.1"),
+    ("    tl.store(OUT + offs, alpha * x + y, mask=mask)", "    tl.store(Y + offs, alpha * x + y, mask=mask)"))
+# the factor multiplies this tile's sum instead of the old l (right while the max never moves after the first tile)
+WRONG["6.4"]["the factor on the tile's sum, not on the old l"] = edit(official("6.4"),
+    ("    l = l * alpha + tl.sum(p, 1)", "    l = l + alpha * tl.sum(p, 1)"))

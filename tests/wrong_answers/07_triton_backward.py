@@ -378,3 +378,27 @@ WRONG["7.2"]["P^T as exp(scores) * exp(-lse): overflows past a score of 88"] = e
      '    pT = tl.exp(tl.dot(k, qT) * scale) * tl.exp(-lse)[None, :]'))
 WRONG["7.3"]["P as exp(scores) * exp(-lse): overflows past a score of 88"] = _DQ_UPDATE.replace(
     "tl.exp(tl.dot(q, kT) * scale - lse[:, None])", "tl.exp(tl.dot(q, kT) * scale) * tl.exp(-lse)[:, None]")
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+WRONG["7.4"]["every query head summed into one"] = '''# Exercise 7.4
+def group_sum(dk_per_query_head, group):
+    return dk_per_query_head.sum(1, keepdim=True)
+'''
+# the kv axis summed instead of the position in the group
+WRONG["7.4"]["the sum over the kv-head axis"] = edit(official("7.4"),
+    ("    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(2)",
+     "    return dk_per_query_head.reshape(b, hq // group, group, n, d).sum(1)"))
+# the consecutive heads of a group taken as heads hkv apart
+WRONG["7.4"]["torch.chunk into group pieces, summed"] = '''# Exercise 7.4
+def group_sum(dk_per_query_head, group):
+    return sum(torch.chunk(dk_per_query_head, group, dim=1))
+'''
+WRONG["7.5"]["the three gradients only"] = '''# Exercise 7.5
+bwd_matmuls_7_5 = 3
+ratio_7_5 = (2 + 3) / 2
+'''
+WRONG["7.5"]["the ratio as the total count of products"] = edit(official("7.5"),
+    ("ratio_7_5 = (2 + 5) / 2", "ratio_7_5 = 2 + 5"))
+WRONG["7.3"]["Delta subtracted from P, not from dP"] = edit(official("7.3"),
+    ("    ds = p * (tl.dot(do, vT) - delta[:, None])", "    ds = (p - delta[:, None]) * tl.dot(do, vT)"))

@@ -501,3 +501,21 @@ def phase_parity(j, stages):
 # the slot number's parity, not the slot's phase
 WRONG['8.6']['parity of the slot'] = edit(official('8.6'),
     ('    return (j // stages) % 2', '    return (j % stages) % 2'))
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+# x8 right, but the scale returned is the block's max: x8.float() * scale is 448 times too large
+WRONG["8.3"]["the block's max returned as the scale"] = '''# Exercise 8.3
+def quantize_block(x):
+    amax = x.abs().max()
+    return (x / amax * fp8.FP8_MAX).to(fp8.FP8_DTYPE), amax
+'''
+WRONG["8.3"]["x multiplied by the scale"] = edit(official("8.3"),
+    ("    return (x / scale).to(fp8.FP8_DTYPE), scale", "    return (x * scale).to(fp8.FP8_DTYPE), scale"))
+WRONG["8.5"]["the second largest stall"] = edit(official("8.5"),
+    ('top_stall_8_5 = max((r for r in _mine["stalls"] if r != "selected"), key=_mine["stalls"].get)',
+     'top_stall_8_5 = sorted((r for r in _mine["stalls"] if r != "selected"), key=_mine["stalls"].get)[-2]'))
+WRONG["8.6"]["empty count: the current block's release counted too"] = edit(official("8.6"),
+    ("    return consumers * (j // stages)", "    return consumers * (j // stages + 1)"))
+WRONG["8.6"]["full count (j + 1) // stages"] = edit(official("8.6"),
+    ("    return j // stages + 1", "    return (j + 1) // stages"))

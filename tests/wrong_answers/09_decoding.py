@@ -321,3 +321,46 @@ WRONG['9.6']['chunks of 512 bytes at 2 bytes a key (cache_len // 256)'] = edit(o
 WRONG["9.2"]["rounded to two decimals"] = '''# Exercise 9.2
 def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
     return round((4 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem), 2)'''
+
+
+# Round eight: wrong answers caught on every draw of tests.wrong_answers.catch_rate
+WRONG["9.1"]["the batch forgotten"] = edit(official("9.1"),
+    ("    return 2 * batch * kv_heads * cache_len * head_dim * bytes_per_elem",
+     "    return 2 * kv_heads * cache_len * head_dim * bytes_per_elem"))
+WRONG["9.1"]["the kv heads forgotten"] = edit(official("9.1"),
+    ("    return 2 * batch * kv_heads * cache_len * head_dim * bytes_per_elem",
+     "    return 2 * batch * cache_len * head_dim * bytes_per_elem"))
+WRONG["9.1"]["np.prod: a numpy integer"] = '''# Exercise 9.1
+import numpy as np
+def kv_bytes(batch, kv_heads, cache_len, head_dim, bytes_per_elem):
+    return 2 * np.prod([batch, kv_heads, cache_len, head_dim, bytes_per_elem])
+'''
+WRONG["9.2"]["the group inverted (kv heads over query heads)"] = edit(official("9.2"),
+    ("    return (4 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem)",
+     "    return (4 * kv_heads * new_tokens) / (2 * q_heads * bytes_per_elem)"))
+WRONG["9.2"]["bytes per element forgotten"] = edit(official("9.2"),
+    ("    return (4 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem)",
+     "    return (4 * q_heads * new_tokens) / (2 * kv_heads)"))
+WRONG["9.3"]["offset one short (nk - nq - 1)"] = edit(official("9.3"),
+    ("    return j <= t + (nk - nq)", "    return j <= t + (nk - nq - 1)"))
+WRONG["9.3"]["the comparison reversed (j >= t + nk - nq)"] = edit(official("9.3"),
+    ("    return j <= t + (nk - nq)", "    return j >= t + (nk - nq)"))
+WRONG["9.3"]["the mask transposed (nk, nq)"] = edit(official("9.3"),
+    ("    return j <= t + (nk - nq)", "    return (j <= t + (nk - nq)).T"))
+WRONG["9.3"]["triu instead of tril"] = '''# Exercise 9.3
+def bottom_right_mask(nq, nk):
+    return torch.ones(nq, nk, dtype=torch.bool).triu(nk - nq)
+'''
+WRONG["9.4"]["the mask of nq x nq"] = edit(official("9.4"),
+    ('    s = s.masked_fill(~bottom_right_mask(nq, k.shape[2]), float("-inf"))',
+     '    s = s.masked_fill(~bottom_right_mask(nq, nq)[..., -k.shape[2]:], float("-inf"))'))
+WRONG["9.4"]["scale 1/d"] = edit(official("9.4"),
+    ("    s = q.float() @ k.transpose(-1, -2) / math.sqrt(d)", "    s = q.float() @ k.transpose(-1, -2) / d"))
+WRONG["9.5"]["lse without the common maximum"] = edit(official("9.5"),
+    ("    return o, m_all + torch.log(l_all)", "    return o, torch.log(l_all)"))
+WRONG["9.5"]["the weights over the chunks renormalised (softmax of m)"] = edit(official("9.5"),
+    ("    w = torch.exp(m - m_all)", "    w = torch.exp(m - m_all)\n    w = w / w.sum(dim=0)"))
+WRONG["9.6"]["the chunk cap as a float (cache_len / 512)"] = edit(official("9.6"),
+    ("    return max(1, min(want, cache_len // 512))", "    return max(1, min(want, cache_len / 512))"))
+WRONG["9.6"]["the cap from cache_len // 512 + 1"] = edit(official("9.6"),
+    ("    return max(1, min(want, cache_len // 512))", "    return max(1, min(want, cache_len // 512 + 1))"))

@@ -97,6 +97,9 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
                                       enable_gqa=True)
     with pytest.raises(ValueError, match="pass pingpong=True"):
         gluon_fwd.attention_gluon(q, k, v, consumers=3, enable_gqa=True)
+    for persistent in (0, -2, 2.0, "yes", None):
+        with pytest.raises(TypeError, match="persistent must be True, False or a number"):
+            gluon_fwd.attention_gluon(q, k, v, persistent=persistent, enable_gqa=True)
     for block_n in (32, 96, 512, True, 128.0):
         with pytest.raises(ValueError, match="block_n must be one of"):
             gluon_fwd.attention_gluon(q, k, v, block_n=block_n, enable_gqa=True)
@@ -109,6 +112,44 @@ def test_gluon_refuses_off_hopper_or_bad_sizes():
     if not device.IS_HOPPER:
         with pytest.raises(RuntimeError, match="sm90"):
             gluon_fwd.attention_gluon(q, k, v, enable_gqa=True)
+
+
+def _blocks_seen(m, nk, causal, diag, bm=128, bn=128):
+    # key blocks query tile m must load, counted key by key: those holding a key its
+    # last row (m * bm + bm - 1, past Nq or not) may see
+    last_key = nk - 1 if not causal else min(nk - 1, m * bm + bm - 1 + diag)
+    return 0 if last_key < 0 else last_key // bn + 1
+
+
+@pytest.mark.parametrize("nq,nk,causal,diag,heads,programs", [
+    (4096, 4096, False, 0, 128, 132), (4096, 4096, True, 0, 128, 132),
+    (16384, 16384, True, 0, 8, 132), (300, 129, True, 129 - 300, 6, 4),
+    (384, 128, True, -256, 8, 3), (129, 300, True, 300 - 129, 5, 7), (1, 77, False, 0, 3, 132)])
+def test_persistent_schedule_runs_every_tile_once_longest_first_and_balanced(
+        nq, nk, causal, diag, heads, programs):
+    blocks = tuple(gluon_fwd.tile_blocks(nq, nk, 128, 128, causal, diag))
+    n_m = -(-nq // 128)
+    assert blocks == tuple(_blocks_seen(m, nk, causal, diag) for m in range(n_m))
+    sched = gluon_fwd.persistent_schedule(heads, blocks, programs)
+    offsets, tiles = sched[:programs + 1], sched[programs + 1:]
+    assert offsets[0] == programs + 1 and offsets[-1] == len(sched)
+    assert all(a <= b for a, b in zip(offsets, offsets[1:]))
+    assert sorted(tiles) == list(range(heads * n_m))          # every tile, once
+    loads = []
+    for p in range(programs):
+        run = sched[offsets[p]:offsets[p + 1]]
+        # head by head; within a head, the longest tiles first
+        assert all(a // n_m <= b // n_m for a, b in zip(run, run[1:])), (p, run)
+        assert all(blocks[a % n_m] >= blocks[b % n_m] for a, b in zip(run, run[1:])
+                   if a // n_m == b // n_m), (p, run)
+        loads.append(sum(blocks[t % n_m] + gluon_fwd.TILE_COST for t in run))
+    # each tile went to the program free first, so no program ends more than one tile's
+    # cost after the one that ends first
+    assert max(loads) - min(loads) <= max(blocks) + gluon_fwd.TILE_COST
+    if heads * n_m >= programs:
+        assert min(len(sched[offsets[p]:offsets[p + 1]]) for p in range(programs)) >= 1
+    with pytest.raises(ValueError, match="programs >= 1"):
+        gluon_fwd.persistent_schedule(heads, blocks, 0)
 
 
 def test_fastest_gluon_options_are_valid_schedules_that_fit():
@@ -305,11 +346,14 @@ def _random_fp8_sizes(seed, n=6):
                                   dict(block_n=64), dict(block_n=256), dict(block_m=64),
                                   dict(consumers=3, pipeline=False),
                                   dict(block_m=64, consumers=3, pipeline=False, stages=3),
-                                  dict(block_m=64, pipeline=False)],
+                                  dict(block_m=64, pipeline=False),
+                                  dict(consumers=3, pipeline=False, stages=3, persistent=True),
+                                  dict(block_m=64, persistent=4, stages=1)],
                          ids=["pingpong", "3-stages", "one-consumer", "block-n-64",
                               "block-n-256", "q-scale-per-consumer", "three-interleaved",
                               "three-interleaved-q-scale-per-consumer",
-                              "two-interleaved-q-scale-per-consumer"])
+                              "two-interleaved-q-scale-per-consumer",
+                              "three-interleaved-persistent", "pingpong-persistent-1-stage"])
 def test_fp8_gluon_matches_the_reference_on_random_sizes(opts):
     tol, lse_tol = CHECK.FP8_TOL
     opts = dict(opts)
@@ -347,8 +391,10 @@ def test_fp8_default_is_the_gluon_kernel_on_hopper_and_agrees_with_triton():
 
 @pytest.mark.hopper
 @pytest.mark.parametrize("opts", [dict(block_m=64), dict(block_m=64, consumers=3, pipeline=False),
-                                  dict(block_m=128, consumers=3, pipeline=False)],
-                         ids=["pingpong-64", "three-interleaved-64", "three-interleaved-128"])
+                                  dict(block_m=128, consumers=3, pipeline=False),
+                                  dict(block_m=64, consumers=3, pipeline=False, persistent=3)],
+                         ids=["pingpong-64", "three-interleaved-64", "three-interleaved-128",
+                              "three-interleaved-64-persistent"])
 def test_fp8_gluon_each_consumer_takes_its_own_rows_q_scale(opts):
     """Query rows whose size changes every 64 rows (x1, x3, x1/2, x2): neighbouring Q scale
     blocks of 64 rows differ by 1.5x to 6x, so a consumer multiplying by another block's

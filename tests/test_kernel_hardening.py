@@ -257,7 +257,9 @@ def test_hopper_forwards_past_2_31():
                      ("gluon_pingpong", lambda: gluon_fwd.attention_gluon(q, k, v,
                                                                           pingpong=True)),
                      ("gluon_interleaved", lambda: gluon_fwd.attention_gluon(
-                         q, k, v, pingpong=True, pipeline=False, consumers=3))):
+                         q, k, v, pingpong=True, pipeline=False, consumers=3)),
+                     ("gluon_persistent", lambda: gluon_fwd.attention_gluon(
+                         q, k, v, **gluon_fwd.FASTEST[128]))):
         o = fn()
         assert _rel(o[-2:], ref) < 4e-3, name
         del o
@@ -298,7 +300,8 @@ _STAGES1 = textwrap.dedent("""
                for _ in range(3))
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
     for kw in ({{"pipeline": True}}, {{"pipeline": False}}, {{"pingpong": True}},
-               {{"pingpong": True, "pipeline": False}}):
+               {{"pingpong": True, "pipeline": False}}, {{"pingpong": True, "persistent": True}},
+               {{"pingpong": True, "pipeline": False, "persistent": 5}}):
         o = attention_gluon(q, k, v, stages={stages}, **kw)
         torch.cuda.synchronize()
         err = float((o.float() - ref).norm() / ref.norm())
@@ -317,7 +320,7 @@ def test_gluon_any_number_of_stages_finishes(stages):
     except subprocess.TimeoutExpired:
         pytest.fail(f"attention_gluon(stages={stages}) did not finish in 180 s (deadlock)")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("ok") == 4
+    assert run.stdout.count("ok") == 6
 
 
 @pytest.mark.hopper
@@ -330,11 +333,23 @@ def test_gluon_any_number_of_stages_finishes(stages):
                                        d=64),
                                   dict(pingpong=True, pipeline=False, stages=2),
                                   dict(pingpong=True, block_n=64),
-                                  dict(pingpong=True, block_n=256, d=64)],
+                                  dict(pingpong=True, block_n=256, d=64),
+                                  dict(pipeline=False, persistent=3),
+                                  dict(pipeline=True, stages=1, persistent=3),
+                                  dict(pingpong=True, stages=3, persistent=True),
+                                  dict(pingpong=True, stages=3, persistent=2),
+                                  dict(pingpong=True, consumers=3, pipeline=False, stages=3,
+                                       d=64, persistent=3),
+                                  dict(pingpong=True, consumers=3, pipeline=False, stages=1,
+                                       d=64, persistent=2)],
                          ids=["serial", "pipelined-1-stage", "pipelined", "pingpong",
                               "pingpong-3-consumers", "interleaved-3-consumers-d64",
                               "interleaved-3-consumers-1-stage-d64", "interleaved-2-consumers",
-                              "block-n-64", "block-n-256-d64"])
+                              "block-n-64", "block-n-256-d64", "serial-persistent",
+                              "pipelined-1-stage-persistent", "pingpong-persistent",
+                              "pingpong-persistent-2-programs",
+                              "interleaved-3-consumers-d64-persistent",
+                              "interleaved-3-consumers-1-stage-d64-persistent"])
 def test_gluon_masks_lengths_and_rows_without_keys(opts):
     """Both alignments, Nq != Nk both ways (lower-right with Nq > Nk leaves whole tiles
     that see no key), lengths off a multiple of the 128-row tile (masked key tail, query

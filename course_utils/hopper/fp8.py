@@ -56,7 +56,7 @@ FP8_MAX = 448.0
 # two ping-pong consumers in the same runs; benchmarks/nvidia-h100-80gb-hbm3/ablation.md):
 # three serial consumers of 64 rows that the warp schedulers interleave, and a ring of 3 K/V
 # slots (2 were as fast at six of eight points and slower at two)
-GLUON_FP8_SCHEDULE = dict(pingpong=True, consumers=3, pipeline=False, stages=3)
+GLUON_FP8_SCHEDULE = dict(pingpong=True, consumers=3, pipeline=False, stages=3, persistent=True)
 GLUON_FP8_STAGES = GLUON_FP8_SCHEDULE["stages"]
 
 

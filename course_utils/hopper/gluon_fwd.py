@@ -83,6 +83,8 @@ Sizes: D in {64, 128}. Runs only on an sm90 GPU; importing this module works any
 """
 from __future__ import annotations
 
+import functools
+import heapq
 import inspect
 import math
 
@@ -105,8 +107,11 @@ SM90_SHARED_BYTES = 227 * 1024
 # the options of attention_gluon measured fastest on an H100 per head dim, against the
 # other schedules in the same run (benchmarks/nvidia-h100-80gb-hbm3/ablation.md): at 64,
 # three serial consumers the schedulers interleave; at 128, two pipelined consumers
-# taking turns, whose registers the serial three cannot hold without spilling
-FASTEST = {64: dict(pingpong=True, consumers=3, pipeline=False, stages=3),
+# taking turns, whose registers the serial three cannot hold without spilling. At 64 on
+# the persistent grid (+3 to +8 % at 4k keys, where a tile's fixed cost weighs most,
+# even at 16k); at 128 the grid of one program per tile (the persistent one: within
+# +-1 % at 4k, 1-5 % slower at 16k without a mask)
+FASTEST = {64: dict(pingpong=True, consumers=3, pipeline=False, stages=3, persistent=True),
            128: dict(pingpong=True, stages=3)}
 
 try:
@@ -127,41 +132,113 @@ if GLUON_AVAILABLE:
                   torch.float8_e4m3fn: gl.float8e4nv}
 
     @gluon.jit
-    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                k_empty, v_empty, q_row, kv_row, v_row, n_blocks):
+    def _tile_span(sched_ptr, PERSISTENT: gl.constexpr):
+        # the entries lo .. hi - 1 of the schedule this program runs (persistent grid: the
+        # schedule starts with each program's first entry, see persistent_schedule), or
+        # the one tile its place in the grid names
+        if PERSISTENT:
+            pid = gl.program_id(0)
+            lo = gl.load(sched_ptr + pid)
+            hi = gl.load(sched_ptr + pid + 1)
+        else:
+            lo = 0
+            hi = 1
+        return lo, hi
+
+    @gluon.jit
+    def _tile_at(i, sched_ptr, causal, n_m, PERSISTENT: gl.constexpr):
+        # a tile is numbered bh * n_m + m: query tile m of head bh
+        if PERSISTENT:
+            tile = gl.load(sched_ptr + i)
+        else:
+            m = gl.program_id(0)
+            # causal: longest rows first, the last query tiles see the most key blocks,
+            # so they start first and the short ones fill in at the end of the grid
+            m = m + causal * (n_m - 1 - 2 * m)
+            tile = gl.program_id(1) * n_m + m
+        return tile
+
+    @gluon.jit
+    def _tile_coords(tile, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                     FP8: gl.constexpr):
+        # where tile ``tile`` reads and writes, and how many key blocks it loads. causal is
+        # 0 or 1 (arithmetic rather than a branch: the loader and the consumers compute
+        # the same numbers whether or not it arrives as a constant)
+        bh = tile // n_m
+        m0 = (tile % n_m) * BLOCK_M
+        b = bh // Hq
+        h = bh % Hq
+        bkv = b * (Hq // GROUP) + h // GROUP
+        q_row = bh * Q_ROWS + m0
+        o_row = bh * Nq + m0
+        kv_row = bkv * KV_ROWS
+        if FP8:
+            # FP8 V arrives transposed, (D, Nk) per head (the fp8 wgmma reads B K-major)
+            v_row = bkv * D
+        else:
+            v_row = kv_row
+        every = (Nk + BLOCK_N - 1) // BLOCK_N      # the last one masked where the keys end
+        # causal: blocks up to the one holding the last key the tile's last row sees
+        seen = gl.maximum(m0 + BLOCK_M + DIAG, 0)
+        n_blocks = every + causal * (gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, every) - every)
+        # without a mask diag is so large that the mask never cuts a block
+        diag = Nk + BLOCK_N + causal * (DIAG - Nk - BLOCK_N)
+        return bh, bkv, q_row, o_row, kv_row, v_row, m0, n_blocks, diag
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                k_empty, v_empty, sched_ptr, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
+                n_m):
         # constexprs do not cross into a partition as arguments: read them off the shapes.
-        # Q_TILES query tiles (1, or 2 for ping-pong) of ROWS rows each, then the K/V ring.
+        # Q_TILES query tiles (1, or 2 or 3 for ping-pong) of ROWS rows each, then the K/V
+        # ring; a persistent program has a barrier for handing its Q slots back (q_empty
+        # has two entries; one is used)
         Q_TILES: gl.constexpr = q_smem.shape[0]
         ROWS: gl.constexpr = q_smem.shape[1]
-        mbarrier.expect(q_bar, Q_TILES * q_desc.block_type.nbytes)
-        for i in gl.static_range(Q_TILES):
-            tma.async_copy_global_to_shared(q_desc, [q_row + i * ROWS, 0], q_bar,
-                                            q_smem.index(i))
-        # K and V slots are handed back separately: the pipelined consumer is done with
-        # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
-        # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
-        # producer would wait for V_j's release before loading K_{j+1}, which the
-        # consumer waits for before it can finish P_j V_j: a deadlock.
+        D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
-        # FP8 V arrives transposed, (D, Nk) per head (the fp8 wgmma reads B K-major): key
-        # block j is then the j-th column block of the head's D rows
         V_T: gl.constexpr = v_smem.dtype == gl.float8e4nv
-        for j in range(n_blocks):
-            s = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_empty.index(s), phase ^ 1)
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s),
-                                            k_smem.index(s))
-            mbarrier.wait(v_empty.index(s), phase ^ 1)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            if V_T:
-                tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], v_ready.index(s),
-                                                v_smem.index(s))
-            else:
-                tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_N, 0],
-                                                v_ready.index(s), v_smem.index(s))
+        PERSISTENT: gl.constexpr = q_empty.shape[0] == 2
+        lo, hi = _tile_span(sched_ptr, PERSISTENT)
+        ring = 0                                 # K/V blocks loaded for earlier tiles
+        for i in range(lo, hi):
+            tile = _tile_at(i, sched_ptr, causal, n_m, PERSISTENT)
+            bh, bkv, q_row, o_row, kv_row, v_row, m0, n_blocks, diag = _tile_coords(
+                tile, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, Q_TILES * ROWS,
+                BLOCK_N, D, V_T)
+            if PERSISTENT:
+                # the consumers hand the Q slots back after their last S = Q K^T of the
+                # previous tile, while its last P V and its epilogue still run
+                mbarrier.wait(q_empty.index(0), ((i - lo) & 1) ^ 1)
+            mbarrier.expect(q_bar, Q_TILES * q_desc.block_type.nbytes)
+            for t in gl.static_range(Q_TILES):
+                tma.async_copy_global_to_shared(q_desc, [q_row + t * ROWS, 0], q_bar,
+                                                q_smem.index(t))
+            # K and V slots are handed back separately: the pipelined consumer is done with
+            # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
+            # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
+            # producer would wait for V_j's release before loading K_{j+1}, which the
+            # consumer waits for before it can finish P_j V_j: a deadlock. The ring runs on
+            # across a persistent program's tiles: block j of a tile is its (ring + j)-th
+            for j in range(n_blocks):
+                s = (ring + j) % STAGES
+                phase = ((ring + j) // STAGES) & 1
+                mbarrier.wait(k_empty.index(s), phase ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0],
+                                                k_ready.index(s), k_smem.index(s))
+                mbarrier.wait(v_empty.index(s), phase ^ 1)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                if V_T:
+                    # FP8: key block j is the j-th column block of the head's D rows
+                    tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N],
+                                                    v_ready.index(s), v_smem.index(s))
+                else:
+                    tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_N, 0],
+                                                    v_ready.index(s), v_smem.index(s))
+            ring += n_blocks
 
     # a CTA-wide barrier among the partition's warps (renamed between Triton releases)
     _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -305,15 +382,19 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(turn.index((C + 1) % NC), count=1)
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, C: gl.constexpr, PIPELINE: gl.constexpr,
-                  PINGPONG: gl.constexpr):
-        """Consumer ``C`` of the query tile ``q_smem.index(C)``. One consumer (8 warps,
-        128 rows) or, with ``PINGPONG``, two or three (4 warps, 64 rows each) that take
-        turns on the tensor cores through the ``turn`` barriers. With e4m3 tiles (FP8)
-        the same loop multiplies by the blocks' scales and feeds P to the tensor cores
-        in e4m3."""
+    def _consume_tile(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                      qk_scale, tile, ring, turns, q_phase, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP,
+                      DIAG, causal, n_m, C: gl.constexpr, PIPELINE: gl.constexpr,
+                      PINGPONG: gl.constexpr):
+        """Consumer ``C``'s part of one tile: the query rows in ``q_smem.index(C)``. One
+        consumer (8 warps, 128 rows) or, with ``PINGPONG``, two or three (4 warps, 64 rows
+        each) that take turns on the tensor cores through the ``turn`` barriers. With e4m3
+        tiles (FP8) the same loop multiplies by the blocks' scales and feeds P to the
+        tensor cores in e4m3. ``ring``: K/V blocks of the ring this consumer went through
+        before the tile (key block j sits in slot ``(ring + j) % STAGES``), ``turns``: turns
+        taken before it, ``q_phase``: the phase of ``q_bar`` that brings the tile's Q.
+        Returns the number of key blocks the tile loaded."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -332,7 +413,11 @@ if GLUON_AVAILABLE:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         NC: gl.constexpr = q_smem.shape[0]        # consumers taking turns (ping-pong)
+        PERSISTENT: gl.constexpr = q_empty.shape[0] == 2
         q_tile = q_smem.index(C)
+        bh, bkv, q_row, o_row, kv_row, v_row, m0, n_blocks, diag = _tile_coords(
+            tile, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, NC * BLOCK_M, BLOCK_N,
+            D, FP8)
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
         l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
@@ -342,39 +427,46 @@ if GLUON_AVAILABLE:
 
         row0 = m0 + C * BLOCK_M                  # this consumer's first query position
         if FP8:
-            # its rows' Q scale (a consumer wholly past the head's rows stores nothing: the
-            # last scale stands in)
-            qk_scale = qk_scale * gl.load(qs_ptr + gl.minimum(row0 // qs_rows, qs_count - 1))
-        mbarrier.wait(q_bar, 0)
+            # the head's scales: Q per qs_rows rows, K and V per key block (each head's rows
+            # are padded to whole scale blocks, so a block never crosses a head); its rows'
+            # Q scale (a consumer wholly past the head's rows stores nothing: the last
+            # scale stands in)
+            qs_count = Q_ROWS // qs_rows
+            ks_ptr = ks_ptr + bkv * (KV_ROWS // BLOCK_N)
+            vs_ptr = vs_ptr + bkv * (KV_ROWS // BLOCK_N)
+            qk_scale = qk_scale * gl.load(qs_ptr + bh * qs_count +
+                                          gl.minimum(row0 // qs_rows, qs_count - 1))
+        mbarrier.wait(q_bar, q_phase)
         if n_blocks == 0:
             # a causal tile whose rows see no key (lower-right mask, Nq > Nk): nothing
             # to load or multiply; the output is 0 and the LSE -inf, as lesson 6's
-            pass
+            if PERSISTENT:
+                _release(q_empty, 0)
         elif PIPELINE:
             # prologue: S_0 and its softmax
             sk, sv = _block_scales(ks_ptr, vs_ptr, 0, FP8)
-            mbarrier.wait(k_ready.index(0), 0)
+            mbarrier.wait(k_ready.index(ring % STAGES), (ring // STAGES) & 1)
             if PINGPONG:
-                _turn_wait(turn, 0, C)
-            s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero,
+                _turn_wait(turn, turns, C)
+            s = warpgroup_mma(q_tile, k_smem.index(ring % STAGES).permute((1, 0)), s_zero,
                               use_acc=False, is_async=True)
             if PINGPONG:
                 _turn_pass(turn, C, NC)
             s = warpgroup_mma_wait(0, deps=(s,))
-            _release(k_empty, 0)                 # K_0 is read: the producer may refill it
+            _release(k_empty, ring % STAGES)     # K_0 is read: the producer may refill it
             p, alpha, m_i, l_i, sv_prev = _softmax_scaled(s, m_i, l_i, qk_scale, sk, sv, sv_prev,
                                                           row0, 0, diag, nk, s_layout, FP8)
             for j in range(n_blocks - 1):
-                st = j % STAGES
-                nst = (j + 1) % STAGES
+                st = (ring + j) % STAGES
+                nst = (ring + j + 1) % STAGES
                 sk, sv = _block_scales(ks_ptr, vs_ptr, j + 1, FP8)
-                mbarrier.wait(k_ready.index(nst), ((j + 1) // STAGES) & 1)
+                mbarrier.wait(k_ready.index(nst), ((ring + j + 1) // STAGES) & 1)
                 if PINGPONG:
                     # prepare P_j first, then issue both matmuls in this consumer's turn
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
-                    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
-                    _turn_wait(turn, j + 1, C)
+                    mbarrier.wait(v_ready.index(st), ((ring + j) // STAGES) & 1)
+                    _turn_wait(turn, turns + j + 1, C)
                     s_next = warpgroup_mma(q_tile, k_smem.index(nst).permute((1, 0)), s_zero,
                                            use_acc=False, is_async=True)
                     acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
@@ -385,7 +477,7 @@ if GLUON_AVAILABLE:
                                            use_acc=False, is_async=True)
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                     pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
-                    mbarrier.wait(v_ready.index(st), (j // STAGES) & 1)
+                    mbarrier.wait(v_ready.index(st), ((ring + j) // STAGES) & 1)
                     acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
                 # 3. S_{j+1} is done (P_j V_j may still run): its softmax overlaps P_j V_j
                 s = warpgroup_mma_wait(1, deps=(s_next,))
@@ -395,13 +487,17 @@ if GLUON_AVAILABLE:
                                                               s_layout, FP8)
                 acc = _pv_wait(acc, pv, FP8)
                 _release(v_empty, st)
-            last = n_blocks - 1
+            if PERSISTENT:
+                # the tile's last S = Q K^T is done: the loader may bring the next tile's
+                # Q while this one's last P V and epilogue run
+                _release(q_empty, 0)
+            last = ring + n_blocks - 1
             st = last % STAGES
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             pv = _p_operand(p, v_smem.dtype, p_layout, FP8)
             mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
             if PINGPONG:
-                _turn_wait(turn, n_blocks, C)
+                _turn_wait(turn, turns + n_blocks, C)
             acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
             if PINGPONG:
                 _turn_pass(turn, C, NC)
@@ -415,8 +511,8 @@ if GLUON_AVAILABLE:
             seen = gl.maximum(row0 + BLOCK_M + diag, 0)
             mine = gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, n_blocks)
             for j in range(mine):
-                st = j % STAGES
-                phase = (j // STAGES) & 1
+                st = (ring + j) % STAGES
+                phase = ((ring + j) // STAGES) & 1
                 sk, sv = _block_scales(ks_ptr, vs_ptr, j, FP8)
                 mbarrier.wait(k_ready.index(st), phase)
                 s = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), s_zero,
@@ -432,10 +528,12 @@ if GLUON_AVAILABLE:
                 acc = warpgroup_mma(pv, _v_operand(v_smem, st, FP8), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 _release(v_empty, st)
+            if PERSISTENT:
+                _release(q_empty, 0)             # its last S = Q K^T is done
             for j in range(mine, n_blocks):
                 # blocks past this consumer's rows: loaded for the others, released unread
-                st = j % STAGES
-                phase = (j // STAGES) & 1
+                st = (ring + j) % STAGES
+                phase = ((ring + j) // STAGES) & 1
                 mbarrier.wait(k_ready.index(st), phase)
                 _release(k_empty, st)
                 mbarrier.wait(v_ready.index(st), phase)
@@ -448,7 +546,11 @@ if GLUON_AVAILABLE:
             l_use = l_use / sv_prev              # acc is in units of the last V block's scale
         out = acc / gl.expand_dims(gl.convert_layout(l_use, row_o), 1)
         base = o_row + C * BLOCK_M
-        if row0 + BLOCK_M <= nq:
+        if PERSISTENT:
+            # the Q slot went back to the loader: O leaves from registers (the stores do
+            # not hold the consumer up; it moves on to its next tile)
+            _store_rows(o_ptr, out, base, row0, nq, o_layout)
+        elif row0 + BLOCK_M <= nq:
             # the whole tile lies in this head: O goes into shared memory (16-bit: the slot
             # of this consumer's Q tile, free once its last S = Q K^T is done) and leaves in
             # one TMA copy, which writes whole 128-byte lines instead of each thread's pairs
@@ -460,163 +562,204 @@ if GLUON_AVAILABLE:
             tma.store_wait(0)
         else:
             # the last tile of a head whose length is not a multiple of the tile: its rows
-            # past nq were the next head's queries, so it stores only the rows below nq.
-            # 64-bit row offsets: B * H * N * D passes 2**31 long before the row count does
-            rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
-            cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-            in_o = gl.expand_dims(row0 + gl.arange(0, BLOCK_M, layout=row_o) < nq, 1) & \
-                gl.expand_dims(cols < D, 0)
-            gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
-                     out.to(o_ptr.dtype.element_ty), mask=in_o)
+            # past nq were the next head's queries, so it stores only the rows below nq
+            _store_rows(o_ptr, out, base, row0, nq, o_layout)
         gl.store(lse_ptr + base + gl.arange(0, BLOCK_M, layout=row_s),
                  gl.where(empty, float("-inf"), (m_i + gl.log2(l_i)) * _LN2),
                  mask=row0 + gl.arange(0, BLOCK_M, layout=row_s) < nq)
+        return n_blocks
+
+    @gluon.jit
+    def _store_rows(o_ptr, out, base, row0, nq, o_layout: gl.constexpr):
+        # O from registers, only the rows below nq (a tile's rows past nq would be the next
+        # head's queries). 64-bit row offsets: B * H * N * D passes 2**31 long before the
+        # row count does
+        BLOCK_M: gl.constexpr = out.shape[0]
+        D: gl.constexpr = out.shape[1]
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        rows = base.to(gl.int64) + gl.arange(0, BLOCK_M, layout=row_o)
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        in_o = gl.expand_dims(row0 + gl.arange(0, BLOCK_M, layout=row_o) < nq, 1) & \
+            gl.expand_dims(cols < D, 0)
+        gl.store(o_ptr + gl.expand_dims(rows, 1) * D + gl.expand_dims(cols, 0),
+                 out.to(o_ptr.dtype.element_ty), mask=in_o)
+
+    @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, sched_ptr,
+                  qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m,
+                  C: gl.constexpr, PIPELINE: gl.constexpr, PINGPONG: gl.constexpr):
+        """Consumer ``C``: the one tile its place in the grid names, or, in a persistent
+        program, each tile of its part of the schedule in turn, the K/V ring, the turns and
+        the Q barrier's phase running on from one tile to the next."""
+        PERSISTENT: gl.constexpr = q_empty.shape[0] == 2
+        if PERSISTENT:
+            lo, hi = _tile_span(sched_ptr, True)
+            ring = 0
+            turns = 0
+            for i in range(lo, hi):
+                tile = _tile_at(i, sched_ptr, causal, n_m, True)
+                n_blocks = _consume_tile(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready,
+                                         v_ready, k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr,
+                                         ks_ptr, vs_ptr, qs_ptr, qs_rows, qk_scale, tile, ring,
+                                         turns, (i - lo) & 1, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP,
+                                         DIAG, causal, n_m, C, PIPELINE, PINGPONG)
+                ring += n_blocks
+                # a pipelined tile takes n_blocks + 1 turns (none if it loads no block)
+                turns += gl.minimum(n_blocks, 1) * (n_blocks + 1)
+        else:
+            tile = _tile_at(0, sched_ptr, causal, n_m, False)
+            _consume_tile(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
+                          k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
+                          qs_rows, qk_scale, tile, 0, 0, 0, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP,
+                          DIAG, causal, n_m, C, PIPELINE, PINGPONG)
 
     # the partitions' entry points: constexpr flags cannot be passed as arguments
     @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                         v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                         qs_count, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 0, False, False)
+    def _consumer_serial(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
+                         qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                         causal, n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
+                  False, False)
 
     @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty,
-                            v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
-                            qs_rows, qs_count, o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 0, True, False)
+    def _consumer_pipelined(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
+                            k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr,
+                            qs_ptr, qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS,
+                            GROUP, DIAG, causal, n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
+                  True, False)
 
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
-                      o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 0, True, True)
+    def _consumer_pp0(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                      sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
+                      n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
+                  True, True)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
-                      o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 1, True, True)
+    def _consumer_pp1(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                      sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
+                      n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 1,
+                  True, True)
 
     @gluon.jit
-    def _consumer_pp2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                      turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
-                      o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 2, True, True)
+    def _consumer_pp2(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                      sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
+                      n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 2,
+                  True, True)
 
     # interleaved consumers: the serial loop, no turn barriers (the schedulers interleave)
     @gluon.jit
-    def _consumer_ser0(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                       turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
-                       o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 0, False, True)
+    def _consumer_ser0(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
+                       k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
+                       qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                       causal, n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
+                  False, True)
 
     @gluon.jit
-    def _consumer_ser1(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                       turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
-                       o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 1, False, True)
+    def _consumer_ser1(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
+                       k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
+                       qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                       causal, n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 1,
+                  False, True)
 
     @gluon.jit
-    def _consumer_ser2(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                       turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count,
-                       o_row, n_blocks, qk_scale, m0, diag, nq, nk):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row,
-                  n_blocks, qk_scale, m0, diag, nq, nk, 2, False, True)
+    def _consumer_ser2(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
+                       k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
+                       qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                       causal, n_m):
+        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
+                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 2,
+                  False, True)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qs_ptr, ks_ptr, vs_ptr,
-                        qk_scale, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                        sched_ptr, qk_scale, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
                         D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, FP8: gl.constexpr,
-                        QS_ROWS: gl.constexpr):
+                        QS_ROWS: gl.constexpr, PERSISTENT: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
         # Q_TILES = 2 or 3: consumers of BLOCK_M // Q_TILES = 64 rows (4 warps each), with
         # PIPELINE taking turns (ping-pong), without it interleaved by the schedulers.
-        # CAUSAL: key j is visible to query i when j <= i + DIAG (DIAG = 0: upper-left,
-        # SDPA's is_causal; DIAG = Nk - Nq: lower-right).
+        # CAUSAL (0 or 1): key j is visible to query i when j <= i + DIAG (DIAG = 0:
+        # upper-left, SDPA's is_causal; DIAG = Nk - Nq: lower-right).
         # FP8: Q, K are e4m3 with one float32 scale per tile (qs: per QS_ROWS query rows, the
         # tile's 128 or each consumer's 64; ks and vs: per BLOCK_N keys), V is e4m3
         # transposed, (B, Hkv, D, KV_ROWS); each head's rows are padded to whole scale
         # blocks (Q_ROWS, KV_ROWS), so a scale block never crosses a head.
         # 16-bit: Q_ROWS = Nq and KV_ROWS = Nk, the scale pointers are not read.
-        qs_rows = QS_ROWS
-        qs_count = Q_ROWS // QS_ROWS
-        start_m = gl.program_id(0)
-        if CAUSAL:
-            # longest rows first: the last query tiles see the most key blocks, so they
-            # start first and the short ones fill in at the end of the grid
-            start_m = gl.num_programs(0) - 1 - start_m
-        bh = gl.program_id(1)
-        b = bh // Hq
-        h = bh % Hq
-        bkv = b * (Hq // GROUP) + h // GROUP
-        q_row = bh * Q_ROWS + start_m * BLOCK_M
-        o_row = bh * Nq + start_m * BLOCK_M
-        kv_row = bkv * KV_ROWS
-        v_row = kv_row
-        if FP8:
-            v_row = bkv * D
-            # Q scales per QS_ROWS rows: each consumer multiplies by its own rows' (shared
-            # by the two ping-pong consumers of a 128-row tile when QS_ROWS = 128)
-            qs_ptr = qs_ptr + bh * qs_count
-            ks_ptr = ks_ptr + bkv * (KV_ROWS // BLOCK_N)
-            vs_ptr = vs_ptr + bkv * (KV_ROWS // BLOCK_N)
-        m0 = start_m * BLOCK_M
-        n_blocks = (Nk + BLOCK_N - 1) // BLOCK_N    # the last one masked where the keys end
-        diag = Nk + BLOCK_N                      # no mask: no block is ever cut
-        if CAUSAL:
-            # blocks up to the one holding the last key the tile's last row sees
-            seen = gl.maximum(m0 + BLOCK_M + DIAG, 0)
-            n_blocks = gl.minimum((seen + BLOCK_N - 1) // BLOCK_N, n_blocks)
-            diag = DIAG
+        # PERSISTENT: one program per SM runs the tiles persistent_schedule gave it
+        # (sched_ptr); otherwise one program per tile, the grid (query tiles, B * Hq).
+        n_m = (Nq + BLOCK_M - 1) // BLOCK_M      # query tiles per head
         ROWS: gl.constexpr = BLOCK_M // Q_TILES
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_TILES, ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
         if FP8:
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D, BLOCK_N], v_desc.layout)
+        else:
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        if FP8 and not PERSISTENT:
             # the output is 16-bit, twice the bytes of an e4m3 Q tile: slots of its own
             o_smem = gl.allocate_shared_memory(o_desc.dtype, [Q_TILES, ROWS, D], o_desc.layout)
         else:
-            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
-            o_smem = q_smem                      # the epilogue stores O through the Q slots
+            # the epilogue stores O through the Q slots (a persistent program stores it
+            # from registers and never reads this)
+            o_smem = q_smem
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        # a persistent program's consumers hand the Q slots back to the loader through
+        # q_empty; its two entries (one used) are how the partitions tell that they run
+        # persistent, since a constexpr cannot be passed to them
+        q_empty = gl.allocate_shared_memory(gl.int64, [1 + PERSISTENT, 1],
+                                            mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(1 + PERSISTENT):
+            mbarrier.init(q_empty.index(i), count=Q_TILES)   # every consumer releases
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=Q_TILES)   # every consumer releases
+            mbarrier.init(k_empty.index(i), count=Q_TILES)
             mbarrier.init(v_empty.index(i), count=Q_TILES)
         for i in gl.static_range(3):
             mbarrier.init(turn.index(i), count=1)
 
-        cargs = (q_smem, k_smem, v_smem, o_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                 o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows, qs_count, o_row, n_blocks,
-                 qk_scale, m0, diag, Nq, Nk)
-        largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                 k_empty, v_empty, q_row, kv_row, v_row, n_blocks)
+        cargs = (q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
+                 v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, QS_ROWS, sched_ptr,
+                 qk_scale, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG, CAUSAL, n_m)
+        largs = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready,
+                 v_ready, k_empty, v_empty, sched_ptr, Hq, Nq, Nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
+                 CAUSAL, n_m)
         if Q_TILES == 3:
             # three consumers (FlashAttention-3's choice at head dim 64, where the
             # exponentials weigh more against the smaller matmuls): pipelined ones in a
@@ -647,6 +790,8 @@ if GLUON_AVAILABLE:
                                [1], [LOADER_REGS])
 
         mbarrier.invalidate(q_bar)
+        for i in gl.static_range(1 + PERSISTENT):
+            mbarrier.invalidate(q_empty.index(i))
         for i in gl.static_range(3):
             mbarrier.invalidate(turn.index(i))
         for i in gl.static_range(STAGES):
@@ -656,7 +801,8 @@ if GLUON_AVAILABLE:
             mbarrier.invalidate(v_empty.index(i))
 
 
-def _schedule(stages, pipeline, loader_regs, pingpong, consumers, consumer_regs):
+def _schedule(stages, pipeline, loader_regs, pingpong, consumers, consumer_regs,
+              persistent=False):
     """Check the schedule options of :func:`attention_gluon`; returns the number of Q tiles
     (consumers), ``BLOCK_M`` and the consumers' register budget."""
     if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= 4:
@@ -666,6 +812,9 @@ def _schedule(stages, pipeline, loader_regs, pingpong, consumers, consumer_regs)
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     if isinstance(consumers, bool) or not isinstance(consumers, int) or consumers not in (2, 3):
         raise ValueError(f"consumers must be 2 or 3, got {consumers!r}")
+    if not (isinstance(persistent, bool) or (type(persistent) is int and persistent >= 1)):
+        raise TypeError(f"persistent must be True, False or a number of programs >= 1, "
+                        f"got {persistent!r}")
     if consumers == 3 and not pingpong:
         raise ValueError("consumers=3 is a ping-pong schedule: pass pingpong=True")
     if consumer_regs is None:
@@ -685,13 +834,85 @@ def _need_hopper(what):
                            f"(this machine: {device.describe()['device']})")
 
 
+def tile_blocks(nq, nk, block_m, block_n, causal, diag):
+    """Key blocks each query tile of a head loads, as :func:`_attn_fwd_gluon` counts them:
+    all of them without a mask; under a causal mask those up to the block holding the
+    last key the tile's last row sees (``diag``: the mask's offset, key j visible to
+    query i when ``j <= i + diag``)."""
+    every = -(-nk // block_n)
+    if not causal:
+        return [every] * -(-nq // block_m)
+    return [min(-(-max(m0 + block_m + diag, 0) // block_n), every)
+            for m0 in range(0, nq, block_m)]
+
+
+# a tile's fixed cost (its Q load, the ring's first block, the epilogue) in key blocks,
+# what the schedule adds to each tile's blocks when it balances the programs
+TILE_COST = 1
+
+
+@functools.lru_cache(maxsize=64)
+def persistent_schedule(heads, blocks, programs):
+    """The persistent grid's schedule: which tiles each of ``programs`` programs runs, in
+    order. ``heads``: B * Hq; ``blocks``: :func:`tile_blocks` of one head (a tuple).
+
+    Tiles are taken head by head (a head's tiles share its K and V, which then stay in
+    L2 while its tiles run), the longest first within a head (the causal diagonal: the
+    last query tiles see the most keys), and each goes to the program that finishes
+    first, counting ``blocks + TILE_COST`` per tile: the greedy list schedule a GPU's own
+    block scheduler makes for a grid of one program per tile, made once on the host.
+    Returns ``(programs + 1 offsets, then the tile numbers)`` as one tuple: program p
+    runs the entries ``offsets[p]`` up to ``offsets[p + 1]`` (indices into the same
+    tuple); tile ``bh * len(blocks) + m`` is query tile m of head bh."""
+    n_m = len(blocks)
+    if heads < 1 or n_m < 1 or programs < 1:
+        raise ValueError(f"need heads, tiles and programs >= 1, got {heads}, {n_m}, {programs}")
+    order = sorted(range(n_m), key=lambda m: -blocks[m])     # stable: ties keep m's order
+    free = [(0, p) for p in range(programs)]                 # (busy until, program)
+    runs = [[] for _ in range(programs)]
+    for bh in range(heads):
+        for m in order:
+            busy, p = heapq.heappop(free)
+            runs[p].append(bh * n_m + m)
+            heapq.heappush(free, (busy + blocks[m] + TILE_COST, p))
+    offsets, at = [], programs + 1
+    for run in runs:
+        offsets.append(at)
+        at += len(run)
+    offsets.append(at)
+    return tuple(offsets) + tuple(t for run in runs for t in run)
+
+
+_SCHEDULES = {}
+
+
+def _schedule_tensor(heads, blocks, dev, programs):
+    """:func:`persistent_schedule` for ``programs`` programs (``True``: one per SM of
+    ``dev``; never more than there are tiles), as an int32 tensor on ``dev``, made once
+    per shape."""
+    if programs is True:
+        programs = torch.cuda.get_device_properties(dev).multi_processor_count
+    programs = min(programs, heads * len(blocks))
+    key = (heads, blocks, programs, str(dev))
+    if key not in _SCHEDULES:
+        if len(_SCHEDULES) >= 64:
+            _SCHEDULES.clear()
+        sched = persistent_schedule(heads, blocks, programs)
+        if sched[-1] >= 2 ** 31 or len(sched) >= 2 ** 31:
+            raise ValueError("too many tiles for an int32 schedule")
+        _SCHEDULES[key] = torch.tensor(sched, dtype=torch.int32, device=dev)
+    return _SCHEDULES[key], programs
+
+
 def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, group, diag,
             causal, block_n, stages, pipeline, tiles, block_m, loader_regs, consumer_regs,
-            scales=None, qs_rows=None):
+            persistent=False, scales=None, qs_rows=None):
     """Build the TMA descriptors and launch :func:`_attn_fwd_gluon` on 2-D views of the
     inputs (rows of all heads one after the other). ``scales``: ``(qs, ks, vs)`` for
     e4m3 inputs, whose ``v2`` is V transposed, ``(B * Hkv * D, kv_rows)``, and ``qs_rows``
-    the query rows of one Q scale (a multiple of a consumer's rows)."""
+    the query rows of one Q scale (a multiple of a consumer's rows). ``persistent``: one
+    program per SM (or that many programs, an int), each running its tiles of
+    :func:`persistent_schedule`."""
     d = q2.shape[-1]
     fp8 = scales is not None
     gdt = _GL_DTYPES[q2.dtype]
@@ -709,18 +930,24 @@ def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, gro
     o_desc = GluonDescriptor(o2, list(o2.shape), list(o2.stride()), q_block,
                              layout(q_block, _GL_DTYPES[o.dtype]))
     qs, ks, vs = scales if fp8 else (lse, lse, lse)       # not read without FP8
-    grid = (-(-Nq // block_m), B * Hq)
-    _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, o_desc, lse, qs, ks, vs, qk_scale, Hq, Nq,
-                          Nk, q_rows, kv_rows, group, diag, D=d, BLOCK_M=block_m,
+    if persistent:
+        blocks = tuple(tile_blocks(Nq, Nk, block_m, block_n, causal, diag))
+        sched, programs = _schedule_tensor(B * Hq, blocks, q2.device, persistent)
+        grid = (programs,)
+    else:
+        sched = lse                              # not read
+        grid = (-(-Nq // block_m), B * Hq)
+    _attn_fwd_gluon[grid](q_desc, k_desc, v_desc, o, o_desc, lse, qs, ks, vs, sched, qk_scale,
+                          Hq, Nq, Nk, q_rows, kv_rows, group, diag, D=d, BLOCK_M=block_m,
                           BLOCK_N=block_n, STAGES=stages, PIPELINE=pipeline, Q_TILES=tiles,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
-                          CAUSAL=bool(causal), FP8=fp8, QS_ROWS=qs_rows or block_m,
-                          num_warps=4 if tiles > 1 else 8)
+                          CAUSAL=int(bool(causal)), FP8=fp8, QS_ROWS=qs_rows or block_m,
+                          PERSISTENT=bool(persistent), num_warps=4 if tiles > 1 else 8)
 
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
                     return_lse=False, stages=2, pipeline=True, loader_regs=24, pingpong=False,
-                    consumers=2, consumer_regs=None, block_n=BLOCK_N):
+                    consumers=2, consumer_regs=None, block_n=BLOCK_N, persistent=False):
     """Warp-specialised Gluon forward (sm90 only); SDPA's arguments and shapes.
 
     ``stages``: K/V slots in the producer's ring; ``pipeline``: overlap the next
@@ -733,13 +960,18 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     which is what the register file leaves them). :data:`FASTEST` holds the options
     measured fastest per head dim. ``block_n``:
     keys per block, one of :data:`GLUON_BLOCK_N`, as long as the query tile and
-    ``stages`` K/V blocks fit in shared memory (256 only at head dim 64)."""
+    ``stages`` K/V blocks fit in shared memory (256 only at head dim 64).
+    ``persistent=True``: one program per SM runs its share of the tiles
+    (:func:`persistent_schedule`: head by head, the longest first, each to the program
+    free first); the loader brings a tile's Q while the consumers finish the tile before,
+    and O leaves from registers. An int instead of ``True`` sets the number of programs
+    (fewer programs, more tiles each: how the tiles queue up can be watched)."""
     # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,
                                 enable_gqa=enable_gqa, alignment=alignment, impl="gluon",
                                 hardware=False)
     tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong,
-                                              consumers, consumer_regs)
+                                              consumers, consumer_regs, persistent)
     if type(block_n) is not int or block_n not in GLUON_BLOCK_N:      # no bool, no float
         raise ValueError(f"block_n must be one of {GLUON_BLOCK_N}, got {block_n!r}")
     shared = (block_m + 2 * stages * block_n) * sh.D * q.element_size()
@@ -755,7 +987,8 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
             v.contiguous().reshape(-1, sh.D), o, lse, sh.scale * LOG2E, B=sh.B, Hq=sh.Hq,
             Nq=sh.Nq, Nk=sh.Nk, q_rows=sh.Nq, kv_rows=sh.Nk, group=sh.group, diag=sh.offset,
             causal=sh.is_causal, block_n=block_n, stages=stages, pipeline=pipeline,
-            tiles=tiles, block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs)
+            tiles=tiles, block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs,
+            persistent=persistent)
     return (o, lse) if return_lse else o
 
 
@@ -767,14 +1000,14 @@ FP8_BLOCK_M = (64, 128)
 
 def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
                         out_dtype=torch.float16, stages=2, pipeline=True, pingpong=True,
-                        loader_regs=24, consumers=2, consumer_regs=None):
+                        loader_regs=24, consumers=2, consumer_regs=None, persistent=False):
     """The same kernel on e4m3 tiles from :func:`course_utils.hopper.fp8.prepare_fp8`
     (per-block scales, V transposed); ``is_causal``: SDPA's upper-left mask. Its key
     block is the K and V scales' (``block_n``, one of :data:`FP8_BLOCK_N`); each
     consumer's query rows lie in one Q scale's block (``block_m`` 128, or 64 with
     ``pingpong``). ``pingpong``: ``consumers`` (2, the default, FlashAttention-3's
     schedule, or 3) of 64 rows, taking turns with ``pipeline`` or interleaved by the
-    schedulers without it, as :func:`attention_gluon`'s."""
+    schedulers without it, and ``persistent``, as :func:`attention_gluon`'s."""
     from course_utils.hopper.fp8 import check_prepared
     b, hq, hkv, nq, nk, d, q_rows, kv_rows = check_prepared(prep)
     if prep["kernel"] != "gluon":
@@ -783,7 +1016,7 @@ def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
     if d not in (64, 128):
         raise ValueError(f"head dim D must be one of (64, 128) for attention_gluon_fp8, got D={d}")
     tiles, block_m, consumer_regs = _schedule(stages, pipeline, loader_regs, pingpong,
-                                              consumers, consumer_regs)
+                                              consumers, consumer_regs, persistent)
     rows = block_m // tiles                      # a consumer's query rows
     if prep["block_m"] not in FP8_BLOCK_M or prep["block_m"] % rows:
         raise ValueError(f"attention_gluon_fp8 takes Q scales per 128 rows, or per 64 with "
@@ -810,5 +1043,5 @@ def attention_gluon_fp8(prep, *, is_causal=False, scale=None, return_lse=False,
             q_rows=q_rows, kv_rows=kv_rows, group=hq // hkv, diag=0, causal=is_causal,
             block_n=prep["block_n"], stages=stages, pipeline=pipeline, tiles=tiles,
             block_m=block_m, loader_regs=loader_regs, consumer_regs=consumer_regs,
-            scales=(prep["qs"], prep["ks"], prep["vs"]), qs_rows=prep["block_m"])
+            persistent=persistent, scales=(prep["qs"], prep["ks"], prep["vs"]), qs_rows=prep["block_m"])
     return (o, lse) if return_lse else o

@@ -132,7 +132,7 @@ if GLUON_AVAILABLE:
     from triton._C.libtriton import ir as _ir
     from triton.experimental.gluon.language._core import builtin as _builtin
 
-    from course_utils.hopper.gluon_fwd import _GL_DTYPES, _sync_warps
+    from course_utils.hopper.gluon_fwd import _GL_DTYPES, _sync_warps, _tma_load
 
     @_builtin
     def _tma_add(desc, coord, src, _semantic=None):
@@ -154,10 +154,8 @@ if GLUON_AVAILABLE:
         BM: gl.constexpr = q_smem.shape[1]
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for c in gl.static_range(2):
-            tma.async_copy_global_to_shared(k_desc, [kv_row + c * BN, 0], kv_bar,
-                                            k_smem.slice(c * BN, BN, dim=0))
-            tma.async_copy_global_to_shared(v_desc, [kv_row + c * BN, 0], kv_bar,
-                                            v_smem.slice(c * BN, BN, dim=0))
+            _tma_load(k_desc, [kv_row + c * BN, 0], kv_bar, k_smem.slice(c * BN, BN, dim=0))
+            _tma_load(v_desc, [kv_row + c * BN, 0], kv_bar, v_smem.slice(c * BN, BN, dim=0))
         # then Q_i, dO_i and their rows' LSE and Delta, for every query head of the group,
         # query tiles i_lo..n_tiles-1
         t = 0
@@ -168,15 +166,11 @@ if GLUON_AVAILABLE:
                 mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), 2 * q_desc.block_type.nbytes
                                 + 2 * lse_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [row0 + i * BM, 0], ready.index(s),
-                                                q_smem.index(s))
-                tma.async_copy_global_to_shared(do_desc, [row0 + i * BM, 0], ready.index(s),
-                                                do_smem.index(s))
+                _tma_load(q_desc, [row0 + i * BM, 0], ready.index(s), q_smem.index(s))
+                _tma_load(do_desc, [row0 + i * BM, 0], ready.index(s), do_smem.index(s))
                 row = ((q_head0 + g) * n_tiles + i) * BM     # in the padded LSE / Delta
-                tma.async_copy_global_to_shared(lse_desc, [row], ready.index(s),
-                                                lse_smem.index(s))
-                tma.async_copy_global_to_shared(delta_desc, [row], ready.index(s),
-                                                delta_smem.index(s))
+                _tma_load(lse_desc, [row], ready.index(s), lse_smem.index(s))
+                _tma_load(delta_desc, [row], ready.index(s), delta_smem.index(s))
                 t += 1
 
     @gluon.jit

@@ -128,6 +128,12 @@ if GLUON_AVAILABLE:
     # the [(function, args), ...] form of warp_specialize arrived in Triton 3.6
     GLUON_AVAILABLE = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
     _LN2 = gl.constexpr(LN2)
+    # names that changed between Triton releases: a CTA-wide barrier among the partition's
+    # warps, and the TMA copies (async_load / async_store in newer releases, which dropped
+    # the names Triton 3.6 has)
+    _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
                   torch.float8_e4m3fn: gl.float8e4nv}
 
@@ -214,8 +220,7 @@ if GLUON_AVAILABLE:
                 mbarrier.wait(q_empty.index(0), ((i - lo) & 1) ^ 1)
             mbarrier.expect(q_bar, Q_TILES * q_desc.block_type.nbytes)
             for t in gl.static_range(Q_TILES):
-                tma.async_copy_global_to_shared(q_desc, [q_row + t * ROWS, 0], q_bar,
-                                                q_smem.index(t))
+                _tma_load(q_desc, [q_row + t * ROWS, 0], q_bar, q_smem.index(t))
             # K and V slots are handed back separately: the pipelined consumer is done with
             # K_j (S_j finished) long before it is done with V_j (P_j V_j finished), and it
             # needs K_{j+1} in between. With one slot and one shared "empty" barrier, the
@@ -227,21 +232,17 @@ if GLUON_AVAILABLE:
                 phase = ((ring + j) // STAGES) & 1
                 mbarrier.wait(k_empty.index(s), phase ^ 1)
                 mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0],
-                                                k_ready.index(s), k_smem.index(s))
+                _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(s), k_smem.index(s))
                 mbarrier.wait(v_empty.index(s), phase ^ 1)
                 mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
                 if V_T:
                     # FP8: key block j is the j-th column block of the head's D rows
-                    tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N],
-                                                    v_ready.index(s), v_smem.index(s))
+                    _tma_load(v_desc, [v_row, j * BLOCK_N], v_ready.index(s), v_smem.index(s))
                 else:
-                    tma.async_copy_global_to_shared(v_desc, [v_row + j * BLOCK_N, 0],
-                                                    v_ready.index(s), v_smem.index(s))
+                    _tma_load(v_desc, [v_row + j * BLOCK_N, 0], v_ready.index(s),
+                              v_smem.index(s))
             ring += n_blocks
 
-    # a CTA-wide barrier among the partition's warps (renamed between Triton releases)
-    _sync_warps = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, qk_scale):
@@ -558,7 +559,7 @@ if GLUON_AVAILABLE:
             o_tile.store(out.to(o_tile.dtype))
             fence_async_shared()                 # the writes, before the copy reads them
             _sync_warps()
-            tma.async_copy_shared_to_global(o_desc, [base, 0], o_tile)
+            _tma_store(o_desc, [base, 0], o_tile)
             tma.store_wait(0)
         else:
             # the last tile of a head whose length is not a multiple of the tile: its rows

@@ -1,0 +1,76 @@
+"""Lesson 8's Gluon kernels are never interpreted, so a CPU run of the other tests does not
+touch them; tests/gluon_compile_check.py compiles them for sm90 instead (Triton ships its
+own ptxas), every schedule the course offers, forward, FP8 and backward. A kernel that
+uses a name the installed Triton lacks, or that does not type-check, fails here."""
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code_or_script, timeout=900):
+    args = [sys.executable, str(code_or_script)] if isinstance(code_or_script, Path) else \
+        [sys.executable, "-c", code_or_script]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_gluon_kernel_call_compiles_for_sm90():
+    pytest.importorskip("triton")
+    run = _run(ROOT / "tests" / "gluon_compile_check.py")
+    out = run.stdout
+    if "nothing to compile" in out:
+        pytest.skip(out.strip())
+    assert run.returncode == 0, out[-4000:] + run.stderr[-2000:]
+    done, total = map(int, re.search(r"(\d+) of (\d+) calls compiled", out).groups())
+    assert done == total >= 28, out
+    assert "FAIL" not in out
+    # every schedule of the forward, FP8 and the backward were among them
+    for what in ("fastest causal=True", "pingpong-persistent", "attention_gluon_fp8 D=128",
+                 "attention_gluon_backward D=64", "three interleaved 1 stage"):
+        assert what in out, what
+
+
+_PROBE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch
+    import tests.gluon_compile_check as cc
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def doubled(x_ptr, N: gl.constexpr):
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = gl.arange(0, N, layout=layout)
+        gl.store(x_ptr + offs, gl.load(x_ptr + offs) * 2)
+
+    @gluon.jit
+    def misnamed(x_ptr, N: gl.constexpr):
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = gl.arange(0, N, layout=layout)
+        gl.store(x_ptr + offs, gl.no_such_operation(gl.load(x_ptr + offs)))
+
+    cc.JITFunction.__getitem__ = cc._compile_instead
+    doubled[(1,)](torch.zeros(128), N=128, num_warps=4)
+    print("compiled", cc.compiled)
+    try:
+        misnamed[(1,)](torch.zeros(128), N=128, num_warps=4)
+        print("misnamed compiled")
+    except Exception as e:
+        print("refused", type(e).__name__)
+""")
+
+
+def test_the_compile_check_compiles_a_kernel_and_refuses_a_misnamed_one(tmp_path):
+    pytest.importorskip("triton.experimental.gluon")
+    probe = tmp_path / "probe.py"          # a jit function needs a file to read its source from
+    probe.write_text(_PROBE.format(root=str(ROOT)))
+    run = _run(probe)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert "compiled [('doubled'," in run.stdout, run.stdout
+    assert "refused CompilationError" in run.stdout and "misnamed compiled" not in run.stdout

@@ -615,87 +615,40 @@ if GLUON_AVAILABLE:
                           qs_rows, qk_scale, tile, 0, 0, 0, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP,
                           DIAG, causal, n_m, C, PIPELINE, PINGPONG)
 
-    # the partitions' entry points: constexpr flags cannot be passed as arguments
+    # the partitions' entry points: a constexpr cannot be passed to a partition, so each
+    # consumer has its own (consumer C, PIPELINE, PINGPONG), taking the shared arguments
+    # as one tuple. _ser*: interleaved consumers, the serial loop without turn barriers
     @gluon.jit
-    def _consumer_serial(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
-                         qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
-                         causal, n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
-                  False, False)
+    def _consumer_serial(args):
+        _consumer(*args, 0, False, False)
 
     @gluon.jit
-    def _consumer_pipelined(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
-                            k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr,
-                            qs_ptr, qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS,
-                            GROUP, DIAG, causal, n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
-                  True, False)
+    def _consumer_pipelined(args):
+        _consumer(*args, 0, True, False)
 
     @gluon.jit
-    def _consumer_pp0(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                      sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
-                      n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
-                  True, True)
+    def _consumer_pp0(args):
+        _consumer(*args, 0, True, True)
 
     @gluon.jit
-    def _consumer_pp1(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                      sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
-                      n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 1,
-                  True, True)
+    def _consumer_pp1(args):
+        _consumer(*args, 1, True, True)
 
     @gluon.jit
-    def _consumer_pp2(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                      v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                      sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal,
-                      n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 2,
-                  True, True)
-
-    # interleaved consumers: the serial loop, no turn barriers (the schedulers interleave)
-    @gluon.jit
-    def _consumer_ser0(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
-                       qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
-                       causal, n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 0,
-                  False, True)
+    def _consumer_pp2(args):
+        _consumer(*args, 2, True, True)
 
     @gluon.jit
-    def _consumer_ser1(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
-                       qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
-                       causal, n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 1,
-                  False, True)
+    def _consumer_ser0(args):
+        _consumer(*args, 0, False, True)
 
     @gluon.jit
-    def _consumer_ser2(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
-                       k_empty, v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr,
-                       qs_rows, sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG,
-                       causal, n_m):
-        _consumer(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready, k_empty,
-                  v_empty, turn, o_ptr, o_desc, lse_ptr, ks_ptr, vs_ptr, qs_ptr, qs_rows,
-                  sched_ptr, qk_scale, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, 2,
-                  False, True)
+    def _consumer_ser1(args):
+        _consumer(*args, 1, False, True)
+
+    @gluon.jit
+    def _consumer_ser2(args):
+        _consumer(*args, 2, False, True)
 
     @gluon.jit
     def _attn_fwd_gluon(q_desc, k_desc, v_desc, o_ptr, o_desc, lse_ptr, qs_ptr, ks_ptr, vs_ptr,
@@ -766,28 +719,28 @@ if GLUON_AVAILABLE:
             # exponentials weigh more against the smaller matmuls): pipelined ones in a
             # turn circle, or serial ones the schedulers interleave
             if PIPELINE:
-                gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
-                                    (_consumer_pp2, cargs), (_loader, largs)], [4, 4, 1],
+                gl.warp_specialize([(_consumer_pp0, (cargs,)), (_consumer_pp1, (cargs,)),
+                                    (_consumer_pp2, (cargs,)), (_loader, largs)], [4, 4, 1],
                                    [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
             else:
-                gl.warp_specialize([(_consumer_ser0, cargs), (_consumer_ser1, cargs),
-                                    (_consumer_ser2, cargs), (_loader, largs)], [4, 4, 1],
+                gl.warp_specialize([(_consumer_ser0, (cargs,)), (_consumer_ser1, (cargs,)),
+                                    (_consumer_ser2, (cargs,)), (_loader, largs)], [4, 4, 1],
                                    [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         elif Q_TILES == 2:
             # the default partition (4 warps) is consumer 0; consumer 1 (4 warps) and the
             # loader (1 warp) are workers with setmaxnreg budgets
             if PIPELINE:
-                gl.warp_specialize([(_consumer_pp0, cargs), (_consumer_pp1, cargs),
+                gl.warp_specialize([(_consumer_pp0, (cargs,)), (_consumer_pp1, (cargs,)),
                                     (_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
             else:
-                gl.warp_specialize([(_consumer_ser0, cargs), (_consumer_ser1, cargs),
+                gl.warp_specialize([(_consumer_ser0, (cargs,)), (_consumer_ser1, (cargs,)),
                                     (_loader, largs)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         elif PIPELINE:
             # the default partition (8 warps) consumes; one extra warp loads
-            gl.warp_specialize([(_consumer_pipelined, cargs), (_loader, largs)],
+            gl.warp_specialize([(_consumer_pipelined, (cargs,)), (_loader, largs)],
                                [1], [LOADER_REGS])
         else:
-            gl.warp_specialize([(_consumer_serial, cargs), (_loader, largs)],
+            gl.warp_specialize([(_consumer_serial, (cargs,)), (_loader, largs)],
                                [1], [LOADER_REGS])
 
         mbarrier.invalidate(q_bar)

@@ -43,6 +43,14 @@ compiler. This kernel is FlashAttention-3's structure, small enough to read:
   the consumers of a tile's first rows multiply one or two key blocks fewer than its last
   rows, and only hand those slots of the ring back to the loader.
 
+The grid: one program per query tile (``grid = (query tiles, B * Hq)``), or with
+``persistent=True`` one program per SM, each running the tiles :func:`persistent_schedule`
+gives it (head by head, longest first, each tile to the program free first). A persistent
+program's ring slots, turns and Q barrier phase run on from tile to tile; its consumers
+hand the Q slots back through ``q_empty`` after their last ``S = Q K^T`` of a tile, so the
+loader fetches the next tile's Q and first K/V blocks while this tile finishes, and O
+leaves from registers (the next Q is in its slot).
+
 The epilogue: a consumer writes its normalised O tile into the shared-memory slot of its
 Q tile (free once its last ``S = Q K^T`` is done) and one TMA copy stores it, whole lines
 at a time; the last tile of a head whose length is not a multiple of the tile stores only

@@ -813,7 +813,6 @@ def tile_blocks(nq, nk, block_m, block_n, causal, diag):
 TILE_COST = 1
 
 
-@functools.lru_cache(maxsize=64)
 def persistent_schedule(heads, blocks, programs):
     """The persistent grid's schedule: which tiles each of ``programs`` programs runs, in
     order. ``heads``: B * Hq; ``blocks``: :func:`tile_blocks` of one head (a tuple).
@@ -845,25 +844,23 @@ def persistent_schedule(heads, blocks, programs):
     return tuple(offsets) + tuple(t for run in runs for t in run)
 
 
-_SCHEDULES = {}
+@functools.lru_cache(maxsize=64)
+def _schedule_on(heads, blocks, programs, dev):
+    """:func:`persistent_schedule` as an int32 tensor on device ``dev``, made once per
+    shape."""
+    sched = persistent_schedule(heads, blocks, programs)
+    if sched[-1] >= 2 ** 31 or len(sched) >= 2 ** 31:
+        raise ValueError("too many tiles for an int32 schedule")
+    return torch.tensor(sched, dtype=torch.int32, device=dev)
 
 
 def _schedule_tensor(heads, blocks, dev, programs):
-    """:func:`persistent_schedule` for ``programs`` programs (``True``: one per SM of
-    ``dev``; never more than there are tiles), as an int32 tensor on ``dev``, made once
-    per shape."""
+    """The schedule for ``programs`` programs (``True``: one per SM of ``dev``; never more
+    than there are tiles) on ``dev``, and the number of programs."""
     if programs is True:
         programs = torch.cuda.get_device_properties(dev).multi_processor_count
     programs = min(programs, heads * len(blocks))
-    key = (heads, blocks, programs, str(dev))
-    if key not in _SCHEDULES:
-        if len(_SCHEDULES) >= 64:
-            _SCHEDULES.clear()
-        sched = persistent_schedule(heads, blocks, programs)
-        if sched[-1] >= 2 ** 31 or len(sched) >= 2 ** 31:
-            raise ValueError("too many tiles for an int32 schedule")
-        _SCHEDULES[key] = torch.tensor(sched, dtype=torch.int32, device=dev)
-    return _SCHEDULES[key], programs
+    return _schedule_on(heads, blocks, programs, str(dev)), programs
 
 
 def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, group, diag,

@@ -103,3 +103,49 @@ def test_probe_sweep_draws_the_same_inputs_and_records_failures():
                              1e15, rep=10)
     assert isinstance(row["ok"], float) and row["ok"] > 0 and "bad" not in row
     assert row["bad_error"].startswith("RuntimeError: does not compile")
+
+
+def test_settle_runs_the_kernel_back_to_back_for_the_time_asked():
+    import time
+
+    from course_utils.bench import common
+    calls = []
+    t = time.perf_counter()
+    n = common.settle(lambda: calls.append(1), 30)
+    took = time.perf_counter() - t
+    # it ran the callable, counted each call, and stopped soon after the time asked
+    assert n == len(calls) >= 4 and 0.03 <= took < 1.0
+    assert common.settle(lambda: calls.append(1), 0) == 0
+    for bad in (-1, -0.5):
+        with pytest.raises(ValueError, match="settle"):
+            common.settle(lambda: None, bad)
+        with pytest.raises(ValueError, match="settle"):
+            common.time_ms(lambda: None, settle_ms=bad)
+
+
+@pytest.mark.parametrize("bad", ["-5", "nan", "inf", "-inf", "soon", ""])
+@pytest.mark.parametrize("suite", ["table", "hopper", "attention"])
+def test_benchmarks_refuse_a_bad_settle_time_before_timing(suite, bad, monkeypatch, capsys):
+    # the refusal comes from the argument check, before any GPU work is looked for
+    monkeypatch.setattr(table, "measure", lambda *a, **kw: pytest.fail("measured"))
+    monkeypatch.setattr(hopper, "run_config", lambda *a, **kw: pytest.fail("measured"))
+    run = {"table": table.main, "hopper": hopper.main, "attention": attention.parse}[suite]
+    with pytest.raises(SystemExit) as e:
+        run(["--settle", bad])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --settle" in err and "unrecognized" not in err
+
+
+def test_benchmarks_settle_for_a_second_unless_told(monkeypatch):
+    from course_utils.bench import common
+    # every suite takes the option (here without a GPU: nothing is timed)
+    monkeypatch.setattr(table.device, "HAS_GPU", False)
+    monkeypatch.setattr(hopper.device, "needs", lambda *a, **kw: False)
+    assert table.main(["--settle", "0"]) == 0 and hopper.main(["--settle", "10"]) == 0
+    assert attention.parse([]).settle == 1000.0
+    assert attention.parse(["--settle", "0"]).settle == 0.0
+    assert common.settle_arg("250.5") == 250.5
+    import argparse
+    ap = argparse.ArgumentParser()
+    common.add_settle_option(ap, default=7)
+    assert ap.parse_args([]).settle == 7 and ap.parse_args(["--settle", "3"]).settle == 3.0

@@ -73,6 +73,7 @@ def parse(argv):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=100, help="milliseconds of timed repeats")
+    common.add_settle_option(ap)
     ap.add_argument("--name", default="attention", help="results file stem")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows of an existing results file that this run does not redo")
@@ -172,7 +173,7 @@ def measure(mode, causal, d, n, dtype_name, args):
     do = torch.randn(b, h, n, d, device=device.DEVICE, dtype=dtype, generator=gen)
     flops = common.attention_flops(b, h, n, n, d, causal, mode)
     row = {"mode": mode, "causal": causal, "d": d, "n": n, "dtype": dtype_name,
-           "batch": b, "heads": h}
+           "batch": b, "heads": h, "settle_ms": args.settle}
     outs = {}
     for name in providers(mode, args):
         fwd = _backend_fn(name, q, k, v, causal)
@@ -180,12 +181,13 @@ def measure(mode, causal, d, n, dtype_name, args):
             if mode == "fwd":
                 with torch.no_grad():
                     outs[name] = fwd()
-                    ms = common.time_ms(fwd, warmup=25, rep=args.rep)
+                    ms = common.time_ms(fwd, warmup=25, rep=args.rep,
+                                        settle_ms=args.settle)
             else:
                 def step():
                     return torch.autograd.grad(fwd(), (q, k, v), do)
                 outs[name] = torch.cat([g.flatten() for g in step()])
-                ms = common.time_ms(step, warmup=25, rep=args.rep)
+                ms = common.time_ms(step, warmup=25, rep=args.rep, settle_ms=args.settle)
             row[name] = flops / ms * 1e-9
             row[f"{name}_ms"] = ms
         except RuntimeError as err:          # a backend that refuses this shape

@@ -34,13 +34,62 @@ def environment() -> dict:
     return info
 
 
-def time_ms(fn, warmup: int = 10, rep: int = 50) -> float:
+def settle(fn, ms: float) -> int:
+    """Run ``fn`` back to back for ``ms`` milliseconds of wall time; returns the calls.
+
+    Why: under a sustained attention load the H200 reaches its 700 W power cap within
+    about 0.15 s and lowers its SM clock from 1980 MHz, to as little as about 1500 MHz: a
+    clock that depends on the kernel's own power draw. A kernel timed right after the
+    GPU idled (a compile, an autotuning pass on the CPU) runs its first tens of
+    milliseconds at the full clock, so a short timing window gives it up to 15 % more than
+    it sustains (``benchmarks/nvidia-h200/clock_probe*.json``). Running it first settles
+    the clock the kernel holds when it runs for a while, whatever ran before it."""
+    if ms < 0:
+        raise ValueError(f"settle time must be >= 0 ms, got {ms!r}")
+    import time
+    calls = 0
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        for _ in range(4):
+            fn()
+        calls += 4
+        if device.HAS_GPU:
+            torch.cuda.synchronize()
+    return calls
+
+
+def settle_arg(text: str) -> float:
+    """``--settle``'s type: milliseconds, finite and >= 0."""
+    import argparse
+    import math
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"milliseconds expected, got {text!r}") from None
+    if not (math.isfinite(ms) and ms >= 0):
+        raise argparse.ArgumentTypeError(f"milliseconds >= 0 expected, got {text!r}")
+    return ms
+
+
+def add_settle_option(ap, default: float = 1000.0) -> None:
+    """The benchmarks' ``--settle MS``: each provider runs back to back that long before
+    it is timed (:func:`settle`)."""
+    ap.add_argument("--settle", type=settle_arg, default=default, metavar="MS",
+                    help="milliseconds each provider runs back to back before it is timed, "
+                         f"so it is timed at the clock it sustains (default {default:g})")
+
+
+def time_ms(fn, warmup: int = 10, rep: int = 50, settle_ms: float = 0) -> float:
     """Median milliseconds per call of ``fn`` on the GPU (CUDA events, L2 flushed
-    by triton's ``do_bench``). On CPU it times with ``time.perf_counter``: such
+    by triton's ``do_bench``), after running it back to back for ``settle_ms`` (see
+    :func:`settle`). On CPU it times with ``time.perf_counter``: such
     numbers only compare variants in one run and are never reported as speeds."""
     if device.HAS_GPU:
         import triton.testing
+        settle(fn, settle_ms)
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    if settle_ms < 0:
+        raise ValueError(f"settle time must be >= 0 ms, got {settle_ms!r}")
     import time
     fn()
     times = []

@@ -104,7 +104,9 @@ def _fp8_runner(q, k, v):
     return (lambda: attention_fp8_prepared(prep, out_dtype=q.dtype)), prep["kernel"]
 
 
-def run_config(n, dtype, tokens, heads, names):
+def run_config(n, dtype, tokens, heads, names, settle_ms=0.0):
+    """Time ``names`` at one length; ``settle_ms``: each runs back to back that long first
+    (:func:`common.settle`)."""
     b = max(1, tokens // n)
     g = torch.Generator(device=device.DEVICE).manual_seed(0)
     q, k, v = (torch.randn(b, heads, n, D, device=device.DEVICE, dtype=dtype, generator=g)
@@ -133,7 +135,7 @@ def run_config(n, dtype, tokens, heads, names):
             limit = 0.08 if name.startswith("fp8") else 1e-2
             if not math.isfinite(row["rel_err"]) or row["rel_err"] > limit:
                 raise RuntimeError(f"wrong output: relative error {row['rel_err']:.3g} > {limit}")
-            ms = common.time_ms(fn)
+            ms = common.time_ms(fn, settle_ms=settle_ms)
             row["ms"] = ms
             row["tflops"] = flops / ms / 1e9
         except Exception as e:  # report, keep measuring the others
@@ -247,6 +249,7 @@ def main(argv):
                     help="subset of providers (default: all)")
     ap.add_argument("--runs", type=int, default=3,
                     help="sweeps in a row; each row reports the median (default 3)")
+    common.add_settle_option(ap)
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
@@ -259,7 +262,8 @@ def main(argv):
         rows = []
         for dt in args.dtype:
             for n in args.n:
-                rows += run_config(n, DTYPES[dt], args.tokens, args.heads, names)
+                rows += run_config(n, DTYPES[dt], args.tokens, args.heads, names,
+                                   settle_ms=args.settle)
         runs.append(rows)
     rows = merge_runs(runs)
     n_ab = 8192 if 8192 in args.n else args.n[-1]
@@ -268,7 +272,8 @@ def main(argv):
     except Exception as e:  # the table of measurements still counts
         print(f"ablation predictions unavailable: {type(e).__name__}: {e}")
         abl = []
-    path = common.save("hopper", rows, {"ablation_N": n_ab, "ablation": abl, "runs": args.runs})
+    path = common.save("hopper", rows, {"ablation_N": n_ab, "ablation": abl, "runs": args.runs,
+                                        "settle_ms": args.settle})
     plot(rows, path.with_suffix(".png"))
     print(common.table(rows, ["provider", "dtype", "N", "tflops", "x_cudnn", "rel_err", "error"]))
     print(f"\nablation at N={n_ab}, fp16:")

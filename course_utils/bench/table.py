@@ -21,7 +21,10 @@ point a record does not declare (a head dim or dtype it does not take)
 gets the record's reason in ``<provider>_skip`` instead of a speed.
 
 TFLOPS by the FlashAttention papers' count (:func:`common.attention_flops`), the median
-of ``triton.testing.do_bench``. Each of our outputs is compared with SDPA's before it is
+of ``triton.testing.do_bench``, each provider first run back to back for ``--settle``
+milliseconds (default 1000), so it is timed at the clock it sustains under the GPU's power
+cap rather than at the full clock it gets for a moment after the GPU idled
+(:func:`common.settle`). Each of our outputs is compared with SDPA's before it is
 timed; a provider that fails or disagrees gets its error in the row instead of a speed.
 The ratios ``<provider>_x_flash`` and ``<provider>_x_cudnn`` are printed and saved in
 ``benchmarks/<device>/table.json`` (rows are saved as they come, so a cut-off run keeps
@@ -127,7 +130,7 @@ def measure(mode, causal, d, n, dtype_name, args):
                     if not (math.isfinite(err) and err < limit):
                         raise RuntimeError(f"relative error {err:.3g} vs SDPA flash > {limit}")
                 del out
-                ms = common.time_ms(fn, warmup=25, rep=args.rep)
+                ms = common.time_ms(fn, warmup=25, rep=args.rep, settle_ms=args.settle)
             row[name] = flops / ms * 1e-9
             row[f"{name}_ms"] = ms
             if name == "fp8":
@@ -164,6 +167,7 @@ def main(argv):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--rep", type=int, default=100, help="milliseconds of timed repeats")
+    common.add_settle_option(ap)
     ap.add_argument("--name", default="table", help="results file stem")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -187,7 +191,8 @@ def main(argv):
                     for n in args.n:
                         rows.append(measure(mode, c, d, n, dtype_name, args))
                         print(common.table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
-                        path = common.save(args.name, rows, extra={"columns": COLUMNS})
+                        path = common.save(args.name, rows,
+                                           extra={"columns": COLUMNS, "settle_ms": args.settle})
     print()
     print(common.table(rows, COLUMNS))
     print(f"saved {path}")

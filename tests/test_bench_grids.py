@@ -1,7 +1,10 @@
 """The benchmark suites take their points from the contract records: the default grids
 are unchanged (the lessons read the saved JSON), every point is declared, and a record
-that declares less loses its points (or is refused before anything is timed)."""
+that declares less loses its points (or is refused before anything is timed). Each suite
+settles a provider before timing it (``--settle``, refused when not a time), and the clock
+probe files each nvidia-smi sample under the timing it fell in."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,3 +152,34 @@ def test_benchmarks_settle_for_a_second_unless_told(monkeypatch):
     ap = argparse.ArgumentParser()
     common.add_settle_option(ap, default=7)
     assert ap.parse_args([]).settle == 7 and ap.parse_args(["--settle", "3"]).settle == 3.0
+
+
+def test_clock_probe_puts_each_smi_sample_in_the_timing_it_fell_in(tmp_path):
+    # benchmarks/clock_probe.py reads nvidia-smi's CSV (local time stamps, MHz, W, reasons)
+    # and gives each timing the mean clock and power of the samples inside its window
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "clock_probe", Path(__file__).resolve().parents[1] / "benchmarks" / "clock_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    csv = tmp_path / "smi.csv"
+    csv.write_text("2026/11/28 12:00:00.000, 1980, 120.5, 0x0000000000000000\n"
+                   "2026/11/28 12:00:00.100, 1680, 650.0, 0x0000000000000004\n"
+                   "2026/11/28 12:00:00.200, 1620, 690.0, 0x0000000000000004\n"
+                   "not a sample line\n"
+                   "2026/11/28 12:00:00.300, [N/A], 690.0, 0x4\n"
+                   "2026/11/28 12:00:01.000, 1500, 700.0, 0x0000000000000004\n")
+    samples = probe.read_smi(csv)
+    assert [s[1] for s in samples] == [1980, 1680, 1620, 1500]     # bad lines skipped
+    t0 = samples[0][0]
+    rows = [{"start": t0 - 0.01, "end": t0 + 0.05}, {"start": t0 + 0.05, "end": t0 + 0.25},
+            {"start": t0 + 0.4, "end": t0 + 0.5}]
+    probe.attach(rows, samples, 0.0)
+    assert rows[0]["sm_mhz"] == 1980 and rows[0]["samples"] == 1
+    assert rows[1]["sm_mhz"] == 1650 and rows[1]["min_sm_mhz"] == 1620
+    assert rows[1]["watts"] == 670 and rows[1]["reasons"] == ["0x0000000000000004"]
+    assert "sm_mhz" not in rows[2]                       # no sample fell inside it
+    # a clock an hour off (the machine's local time) is put right by the offset
+    shifted = [{"start": t0 + 3600 - 0.01, "end": t0 + 3600 + 0.05}]
+    probe.attach(shifted, samples, 3600.0)
+    assert shifted[0]["sm_mhz"] == 1980

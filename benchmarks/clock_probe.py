@@ -2,15 +2,18 @@
 
 In the persistent-grid probe the Gluon forward at head dim 128, 4k keys, ran 639 TFLOPS in
 its first round and 566-572 in the next two, while cuDNN, timed beside it, held 642-654.
-This probe times the same points in interleaved rounds (cuDNN, then each Gluon variant),
+This probe times the same points in interleaved rounds (the providers in the order given),
 notes each timing's start and end, and samples the SM clock, the power draw and the
 clock-event reasons with ``nvidia-smi`` meanwhile (``--smi FILE``: the CSV that
 ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits -lms 50`` wrote during the run).
 Each row then carries the mean SM clock and power over its timing, so a slow round can be
 told apart: lower clocks (power or heat) or the same clocks (the kernel's own schedule).
+On an H200 it found the power cap: a timing after an idle gap starts at the full clock,
+and each kernel settles at a clock of its own (``benchmarks/nvidia-h200/clock_probe*.json``,
+``common.settle``).
 
-``--settle 0,1500``: each timing is made once after no extra warm-up (the benchmarks'
-way: ``do_bench``'s 10-25 ms) and once after running the kernel back to back for 1.5 s,
+``--settle 0,1500``: each timing is made once after no extra warm-up (``do_bench``'s own
+10-25 ms, as the benchmarks timed before ``--settle``) and once after running the kernel back to back for 1.5 s,
 long enough for the power limiter to settle on the clock that kernel sustains.
 ``--providers``: the table's (``course_utils.bench.table``: triton, tma, gluon, fp8,
 flash, cudnn) and ``gluon_persistent`` / ``gluon_stages2`` (head dim 128 only).

@@ -158,7 +158,12 @@ def test_benchmark_rows_ratios_and_json(monkeypatch, tmp_path):
     import json
     from course_utils.bench import attention as bench, common
     clock = iter([4.0, 2.0, 8.0, 16.0])
-    monkeypatch.setattr(common, "time_ms", lambda fn, warmup=10, rep=50: next(clock))
+    settled = []
+
+    def fake_time_ms(fn, warmup=10, rep=50, settle_ms=0):
+        settled.append(settle_ms)
+        return next(clock)
+    monkeypatch.setattr(common, "time_ms", fake_time_ms)
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     args = bench.parse(["--batch", "1", "--heads", "2", "--bwd", "three_kernels,atomic_dq",
                         "--name", "designs"])
@@ -167,6 +172,8 @@ def test_benchmark_rows_ratios_and_json(monkeypatch, tmp_path):
     assert row["triton_ms"] == 4.0 and row["triton_atomic_dq_ms"] == 2.0
     assert row["triton_atomic_dq"] == pytest.approx(flops / 2.0 * 1e-9)
     assert row["atomic_dq_x_three"] == pytest.approx(2.0)       # twice as fast
+    # every provider was settled for the suite's default second before it was timed
+    assert settled and set(settled) == {1000.0} and row["settle_ms"] == 1000.0
     assert row["err_vs_flash"] < 2e-2 and row["atomic_dq_err_vs_flash"] < 2e-2
     if row.get("flash"):                                         # SDPA flash runs on this CPU
         assert row["x_flash"] == pytest.approx(2.0) and row["atomic_dq_x_flash"] == 4.0

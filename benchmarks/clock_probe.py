@@ -13,8 +13,9 @@ and each kernel settles at a clock of its own (``benchmarks/nvidia-h200/clock_pr
 ``common.settle``).
 
 ``--settle 0,1500``: each timing is made once after no extra warm-up (``do_bench``'s own
-10-25 ms, as the benchmarks timed before ``--settle``) and once after running the kernel back to back for 1.5 s,
-long enough for the power limiter to settle on the clock that kernel sustains.
+10-25 ms, as the benchmarks timed before ``--settle``) and once after running the kernel
+back to back for 1.5 s, long enough for the power limiter to settle on the clock that
+kernel sustains.
 ``--providers``: the table's (``course_utils.bench.table``: triton, tma, gluon, fp8,
 flash, cudnn) and ``gluon_persistent`` / ``gluon_stages2`` (head dim 128 only).
 
@@ -134,8 +135,8 @@ def main():
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     for row in rows:
         print(row["d"], row["n"], row["causal"], row["round"], row["settle_ms"], row["provider"],
-              row["tflops"],
-              row.get("sm_mhz"), row.get("min_sm_mhz"), row.get("watts"), row.get("reasons"))
+              row["tflops"], row.get("sm_mhz"), row.get("min_sm_mhz"), row.get("watts"),
+              row.get("reasons"))
 
 
 if __name__ == "__main__":

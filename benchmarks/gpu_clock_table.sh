@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # sm90: optionally the Gluon GPU tests (TESTS=1), the clock probe (benchmarks/clock_probe.py
 # with PROBE_ARGS, nvidia-smi sampling the SM clock, power and clock-event reasons every
-# 50 ms; PROBE=0 leaves it out), and optionally the one-command table (TABLE=1, TABLE_ARGS). Results land in $OUT.
+# 50 ms; PROBE=0 leaves it out), and optionally the one-command table (TABLE=1,
+# TABLE_ARGS). Results land in $OUT.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"

@@ -84,12 +84,12 @@ def time_ms(fn, warmup: int = 10, rep: int = 50, settle_ms: float = 0) -> float:
     by triton's ``do_bench``), after running it back to back for ``settle_ms`` (see
     :func:`settle`). On CPU it times with ``time.perf_counter``: such
     numbers only compare variants in one run and are never reported as speeds."""
+    if settle_ms < 0:
+        raise ValueError(f"settle time must be >= 0 ms, got {settle_ms!r}")
     if device.HAS_GPU:
         import triton.testing
         settle(fn, settle_ms)
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-    if settle_ms < 0:
-        raise ValueError(f"settle time must be >= 0 ms, got {settle_ms!r}")
     import time
     fn()
     times = []

@@ -7,7 +7,10 @@ in one run.
     python benchmarks/ablation_fwd.py --ws both --configs 128x128x8x3,128x64x4x3
 
 ``--ws both`` also times the current kernel with Triton's automatic warp specialisation of
-its key loop (the kernel's ``WS`` switch), as the row ``new+ws``.
+its key loop (the kernel's ``WS`` switch), as the row ``new+ws``; ``--lazy both`` with the
+conditional rescaling of the running maximum (the ``LAZY`` switch), as the row ``new+lazy``.
+Every variant runs back to back for ``--settle`` milliseconds before it is timed (the GPU's
+clock under its power cap depends on the kernel; ``course_utils.bench.common.settle``).
 
 Every variant's output is checked against SDPA before it is timed (relative error
 < 1e-2, else the row records the error instead of a speed). B = 4, H = 32, float16.
@@ -29,7 +32,7 @@ CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
            (64, 64, 4, 2)]
 
 
-def _launch(mod, new, q, k, v, causal, cfg, ws=False):
+def _launch(mod, new, q, k, v, causal, cfg, switches):
     bm, bn, w, s = cfg
     b, h, n, d = q.shape
     o = torch.empty_like(q)
@@ -39,7 +42,7 @@ def _launch(mod, new, q, k, v, causal, cfg, ws=False):
     grid = (triton_cdiv(n, bm), b * h)
     if new:
         args = (h, 1, n, n, d, 0, scale * mod.LOG2E, mod.length_bucket(n), mod.length_bucket(n))
-        extra = dict(POS_SCALE=True, WS=ws)
+        extra = dict(POS_SCALE=True, **switches)
     else:
         args = (h, 1, n, n, d, scale * mod.LOG2E)
         extra = {}
@@ -66,12 +69,18 @@ def main(argv=None):
     ap.add_argument("--configs", default=None, help="e.g. 128x64x4x3,128x128x8x3")
     ap.add_argument("--ws", choices=("off", "on", "both"), default="off",
                     help="the current kernel without / with warp specialisation, or both")
+    ap.add_argument("--lazy", choices=("off", "on", "both"), default="off",
+                    help="the current kernel without / with lazy rescaling, or both")
+    common.add_settle_option(ap)
     args = ap.parse_args(argv)
     import course_utils.triton_attention as cur
-    mods = {"off": [("new", cur, True, False)], "on": [("new+ws", cur, True, True)],
-            "both": [("new", cur, True, False), ("new+ws", cur, True, True)]}[args.ws]
+    mods = []
+    for ws in {"off": [False], "on": [True], "both": [False, True]}[args.ws]:
+        for lazy in {"off": [False], "on": [True], "both": [False, True]}[args.lazy]:
+            label = "new" + "+ws" * ws + "+lazy" * lazy
+            mods.append((label, cur, True, dict(WS=ws, LAZY=lazy)))
     if args.baseline:
-        mods.insert(0, ("old", common.load_file(args.baseline, "old_triton_attention"), False, False))
+        mods.insert(0, ("old", common.load_file(args.baseline, "old_triton_attention"), False, {}))
     configs = CONFIGS if not args.configs else [
         tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
@@ -86,23 +95,24 @@ def main(argv=None):
                 ref = common.sdpa("FLASH_ATTENTION", q, k, v, causal)()
                 base = {}
                 for be in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
-                    ms = common.time_ms(common.sdpa(be, q, k, v, causal), warmup=25, rep=100)
+                    ms = common.time_ms(common.sdpa(be, q, k, v, causal), warmup=25, rep=100,
+                                        settle_ms=args.settle)
                     base[be] = flops / ms * 1e-9
-                for label, mod, new, ws in mods:
+                for label, mod, new, switches in mods:
                     for cfg in configs:
                         row = {"kernel": label, "d": d, "n": n, "causal": causal,
                                "config": "x".join(map(str, cfg)),
                                "flash": base["FLASH_ATTENTION"],
                                "cudnn": base["CUDNN_ATTENTION"]}
                         try:
-                            fn = _launch(mod, new, q, k, v, causal, cfg, ws)
+                            fn = _launch(mod, new, q, k, v, causal, cfg, switches)
                             o = fn()
                             torch.cuda.synchronize()
                             err = float((o.float() - ref.float()).norm() / ref.float().norm())
                             row["err"] = err
                             if not err < 1e-2:
                                 raise RuntimeError(f"relative error {err:.3g}")
-                            ms = common.time_ms(fn, warmup=25, rep=100)
+                            ms = common.time_ms(fn, warmup=25, rep=100, settle_ms=args.settle)
                             row["tflops"] = flops / ms * 1e-9
                             row["x_cudnn"] = row["tflops"] / row["cudnn"]
                         except Exception as e:  # noqa: BLE001 - a config that does not fit
@@ -113,6 +123,7 @@ def main(argv=None):
                 torch.cuda.empty_cache()
     env = common.environment()
     env["command"] = "python benchmarks/ablation_fwd.py " + " ".join(sys.argv[1:])
+    env["settle_ms"] = args.settle
     Path(args.out).write_text(json.dumps({"environment": env, "rows": rows}, indent=1) + "\n")
     # best config per point and kernel
     print("\nbest per point:")

@@ -73,6 +73,8 @@ __all__ = ["triton_attention", "triton_attention_forward", "triton_attention_bac
 
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
+# how far (base 2) a row's maximum may grow before LAZY rescales: p stays below 2**8
+_LAZY_TAU = tl.constexpr(8.0)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_HEAD_DIM = IMPLEMENTATIONS["triton"].max_head_dim
 
@@ -215,12 +217,19 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
                D, NK, DIAG, lo, hi, qk_scale,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                PAD_D: tl.constexpr, UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
-               WS: tl.constexpr = False):
+               WS: tl.constexpr = False, LAZY: tl.constexpr = False):
     """Stream key/value tiles ``[lo, hi)`` past the running state of one query tile.
     ``MASKED=False``: every key of every tile is visible, so no comparison is made.
     ``WS``: ask Triton to warp-specialise the loop (loads in warps of their own); off,
     because on an H100 with Triton 3.6 it bought nothing for this kernel
     (benchmarks/<device>/ablation.md).
+    ``LAZY``: in the unmasked tiles, keep the running maximum (and skip rescaling ``acc``
+    and ``l``) unless some row's maximum grew by more than ``_LAZY_TAU`` (base 2), as
+    FlashAttention-4 does; the probabilities then stay below ``2**_LAZY_TAU``, and the
+    final ``acc / l`` is the same because both were summed against the same maximum. Off,
+    because on an H200 the one decision per tile (a maximum across all the warps, every key
+    tile) cost more than the multiplications it saved: 4-10 % slower in the autotuner's
+    tiles (benchmarks/<device>/ablation.md; lesson 6 shows the measurement).
 
     ``k_base``/``v_base`` point at the head's first key; the tile at ``start_n`` starts
     ``start_n * stride`` elements further, a 64-bit scalar, while the offsets inside a
@@ -254,20 +263,34 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
             # the scale is folded into the max (a positive factor commutes with max), so
             # qk * qk_scale - m is one fused multiply-add per score
             if POS_SCALE:
-                m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+                m_blk = tl.max(qk, 1) * qk_scale
             else:
-                m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-            p = tl.exp2(qk * qk_scale - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+                m_blk = tl.min(qk, 1) * qk_scale
+            if LAZY:
+                if tl.max(m_blk - m_i, 0) > _LAZY_TAU:       # one decision for the tile
+                    m_new = tl.maximum(m_i, m_blk)
+                    alpha = tl.exp2(m_i - m_new)
+                    acc = acc * alpha[:, None]
+                    l_i = l_i * alpha
+                    m_i = m_new
+                p = tl.exp2(qk * qk_scale - m_i[:, None])
+            else:
+                m_new = tl.maximum(m_i, m_blk)
+                p = tl.exp2(qk * qk_scale - m_new[:, None])
+                alpha = tl.exp2(m_i - m_new)
         if MASKED:
             v = tl.load(v_ptrs, mask=ok, other=0.0)
         elif PAD_D:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        if LAZY and not MASKED:
+            l_i = l_i + tl.sum(p, 1)
+            acc = _mma(p.to(v.dtype), v, acc, UPCAST)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+            m_i = m_new
     return acc, l_i, m_i
 
 
@@ -277,7 +300,8 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                      HQ, GROUP, NQ, NK, D, DIAG, qk_scale, NQ_BUCKET, NK_BUCKET,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr = False):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr = False,
+                     LAZY: tl.constexpr = False):
     # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig).
     # With CAUSAL, key j is visible to query i when j <= i + DIAG (DIAG = 0: SDPA's
     # top-left mask; DIAG = NK - NQ: the bottom-right mask of decoding).
@@ -323,10 +347,10 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
         hi = NK
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
                                offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
-                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS)
+                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
                                offs_m, offs_n, offs_d, D, NK, DIAG, mid, hi, qk_scale,
-                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS)
+                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)
     # a row that sees no key at all: output 0 and lse -inf (SDPA gives NaN there)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]

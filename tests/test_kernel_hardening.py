@@ -105,6 +105,41 @@ def test_rows_without_keys_are_zero_with_lse_minus_inf(nq, nk):
                                rtol=TOL)
 
 
+# ------------------------------------------------- lazy rescaling (the LAZY switch)
+def _fwd_switches(q, k, v, causal, **switches):
+    """The forward kernel launched directly, 32 x 16 tiles, with the given switches."""
+    b, h, n, d = q.shape
+    o, lse = torch.empty_like(q), torch.empty(b, h, n, device=q.device)
+    st = [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3]]
+    ta._attn_fwd_kernel[((n + 31) // 32, b * h)](
+        q, k, v, o, lse, *st, h, 1, n, n, d, 0, d ** -0.5 * ta.LOG2E, ta.length_bucket(n),
+        ta.length_bucket(n), HEAD_DIM=d, CAUSAL=causal, PAD_D=False, UPCAST=False,
+        POS_SCALE=True, BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, **switches)
+    return o, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lazy_rescaling_matches_the_reference_whether_or_not_it_rescales(causal):
+    # every query sees scores set per 16-key tile, in base-2 units: +4 (kept maximum,
+    # p up to 16), +7.9 (kept, p up to 2**7.9), +26 (past the threshold: rescaled),
+    # +1, then lower: both branches of the lazy update run. float16, so p would overflow
+    # if the maximum were never moved (2**38.9 > 65504), though float32 would hide that.
+    n, d = 96, 16
+    steps = torch.tensor([0.0, 4.0, 11.9, 37.9, 38.9, 30.0])
+    base2 = steps.repeat_interleave(16)                       # score of each key, base 2
+    q = _rand(1, 1, n, d, seed=6) * 0.05
+    q[..., 0] = 1.0
+    k = _rand(1, 1, n, d, seed=4) * 0.05
+    k[..., 0] = base2.to(DEV) / (d ** -0.5 * ta.LOG2E)
+    v = _rand(1, 1, n, d, seed=5)
+    q, k, v = q.half(), k.half(), v.half()
+    ref, ref_lse = _masked_ref(q, k, v, 0 if causal else n)
+    for lazy in (False, True):
+        o, lse = _fwd_switches(q, k, v, causal, LAZY=lazy)
+        torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+
+
 def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():
     q, k, v = _rand(3, 4, 2, 16, seed=4), _rand(3, 2, 64, 16, seed=5), _rand(3, 2, 64, 16, seed=6)
     lens = torch.tensor([0, 1, 40], dtype=torch.int32, device=DEV)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # sm90: lesson 6's forward with and without lazy rescaling (benchmarks/ablation_fwd.py
 # --lazy both, every variant settled for a second), then lesson 8 executed on the GPU and kept
-# with its outputs (its own-measurement cell runs only there). Results land in $OUT.
+# with its outputs (its own-measurement cell runs only there; NOTEBOOKS names others, NB=0 none).
+# Results land in $OUT.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv | tee "$OUT/smi_info.txt"
 CONFIGS=${CONFIGS:-128x128x8x3,128x64x8x3}
-for dt in ${DTYPES:-fp16 bf16}; do
+for dt in ${DTYPES:-fp16 bf16}; do                # ABL=0 leaves the probe out
+  [ "${ABL:-1}" = 1 ] || break
   timeout ${ABL_S:-240} python3 benchmarks/ablation_fwd.py --lazy both --dtype "$dt" \
       --configs "$CONFIGS" --out "$OUT/lazy_probe_$dt.json" > "$OUT/lazy_probe_$dt.log" 2>&1
   echo "ablation $dt rc=$?" | tee -a "$OUT/lazy_probe_$dt.log"

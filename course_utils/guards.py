@@ -77,6 +77,9 @@ class Group:
     aten: tuple = ()
     python: tuple = ()
     engine: bool = False    # refuse every operator the autograd engine runs (a backward)
+    # functions a module-wide spec leaves out ("module.qualname"): helpers the course gives
+    # the learner, which run under the guard like the learner's own code (not exempt from it)
+    spare: tuple = ()
 
 
 _ATTN_ATEN = ("scaled_dot_product_attention", "_scaled_dot_product", "_flash_attention",
@@ -88,9 +91,10 @@ GROUPS: dict[str, Group] = {
     "sdpa": Group("PyTorch's scaled_dot_product_attention",
                   torch_api=("scaled_dot_product_attention",), aten=_ATTN_ATEN,
                   python=("torch.nn.functional:scaled_dot_product_attention",)),
-    "softmax": Group("a library softmax (torch.softmax, F.softmax, Tensor.softmax, log_softmax)",
+    "softmax": Group("a library softmax (torch.softmax, F.softmax, Tensor.softmax, log_softmax, "
+                     "the course's own in course_utils.softmax)",
                      torch_api=("softmax", "log_softmax", "_softmax", "_log_softmax"),
-                     aten=_SOFTMAX_ATEN),
+                     aten=_SOFTMAX_ATEN, python=("course_utils.softmax:*",)),
     "logsumexp": Group("torch.logsumexp", torch_api=("logsumexp",), aten=("logsumexp",)),
     "autograd": Group("autograd (backward, torch.autograd.grad, torch.func)",
                       torch_api=("backward", "grad", "_make_dual", "_unpack_dual"),
@@ -100,15 +104,28 @@ GROUPS: dict[str, Group] = {
                               "torch.func:jacrev", "torch.func:jacfwd", "torch.func:grad_and_value")),
     "reference-softmax": Group("the course's softmax reference (course_utils.softmax)",
                                python=("course_utils.softmax:*",)),
-    "reference-attention": Group("the course's attention reference (course_utils.attention)",
-                                 python=("course_utils.attention:*",)),
+    "reference-attention": Group("the course's own attention code (course_utils.attention, its masks, "
+                                 "the checks' references, the benchmarks' baselines)",
+                                 python=("course_utils.attention:*",
+                                         "course_utils.contract:causal_mask",
+                                         "course_utils.contract:visible_keys",
+                                         "course_utils.exercise_checks:attention_reference",
+                                         "course_utils.exercise_checks:fa1_walk_reference",
+                                         "course_utils.bench.decode:grouped_torch_decode",
+                                         "course_utils.dropout:*",
+                                         "course_utils.tiny_gpt:*")),
     "reference-backward": Group("the course's backward reference (course_utils.backward)",
                                 python=("course_utils.backward:*",)),
     "reference-decoding": Group("the course's decoding reference (course_utils.decoding)",
                                 python=("course_utils.decoding:*",)),
-    "course-kernels": Group("the course's own Triton kernels",
+    "course-kernels": Group("the course's own Triton and Gluon kernels",
                             python=("course_utils.triton_intro:*", "course_utils.triton_attention:*",
-                                    "course_utils.triton_decode:*")),
+                                    "course_utils.triton_decode:*", "course_utils.hopper.triton_fwd:*",
+                                    "course_utils.hopper.gluon_fwd:*", "course_utils.hopper.gluon_bwd:*",
+                                    "course_utils.hopper.fp8:*"),
+                            spare=("course_utils.triton_intro.launch",
+                                   "course_utils.triton_intro.launch_grid",
+                                   "course_utils.triton_intro.kernel_source")),
     # Triton wrappers must make the kernel do the arithmetic: no torch math on tensors
     "torch-math": Group("PyTorch arithmetic (the kernel must compute the result)",
                         aten=("add", "sub", "mul", "div", "exp", "exp2", "log", "log2", "matmul",
@@ -179,7 +196,12 @@ def _kernel_module(obj) -> str | None:
 def _resolve(spec: str):
     modname, _, qual = spec.partition(":")
     if qual == "*":
-        return _module_targets(modname)
+        try:
+            return _module_targets(modname)
+        except ImportError:
+            # a module this machine cannot import (no Triton, a Triton without Gluon) has
+            # nothing an answer could call either
+            return []
     obj = importlib.import_module(modname)
     for part in qual.split("."):
         obj = getattr(obj, part)
@@ -444,6 +466,8 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
             prefixes.append((g.aten, g.what))
         for spec in g.python:
             for label, obj in _resolve(spec):
+                if label in g.spare:
+                    continue
                 exempt = label in allow or label.rsplit(".", 1)[-1] in allow
                 swaps.append((obj, label, None if exempt else g.what))
     applied = []
@@ -984,6 +1008,51 @@ def _install_hook():
     # (collections.namedtuple, typing.TypeVar and the like, Enum's functional API): the
     # frame never reaches the code that called them
     module_name_readers = _module_name_readers()
+    # each course module's code runs once, as that module: a second run (importlib.reload,
+    # spec_from_file_location, the loader's code executed by hand) makes copies of its
+    # functions that no guard swaps, and a copy of its source read by hand is the same copy
+    course_root = os.path.dirname(course_dir)
+    course_runs: dict = {}
+    source_cache: dict = {}
+
+    def _course_source(filename):
+        """The real path of a course module's source file, or None."""
+        if not isinstance(filename, str):
+            return None
+        real = source_cache.get(filename, _MISSING_SOURCE)
+        if real is _MISSING_SOURCE:
+            real = os.path.realpath(filename) if os.path.isabs(filename) else None
+            if real is not None and not (real.endswith(".py") and
+                                         real.startswith(course_dir + os.sep)):
+                real = None
+            if len(source_cache) < 100_000:
+                source_cache[filename] = real
+        return real
+
+    def _dotted(real):
+        name = os.path.relpath(real, course_root)[:-3].replace(os.sep, ".")
+        return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+    for _m in list(sys.modules.values()):
+        _src = _course_source(getattr(_m, "__file__", None))
+        if _src is not None:
+            course_runs[_src] = 1
+
+    def _ipython_file(filename):
+        return _kind(filename) == "lib" and (os.sep + "IPython" + os.sep in filename or
+                                             os.sep + "ipykernel" + os.sep in filename)
+
+    def _executing_module(f):
+        """The name of the module the import system is executing (``exec_module``'s
+        ``module``), or None when the code runs some other way."""
+        for _ in range(6):
+            if f is None:
+                return None
+            if f.f_code.co_name == "exec_module" and "module" in f.f_locals:
+                return getattr(f.f_locals["module"], "__name__", None)
+            f = f.f_back
+        return None
+
     active = [0]
     allowed: set = set()
     originals: dict = {}
@@ -1113,6 +1182,51 @@ def _install_hook():
             if not isinstance(fn, str) or _kind(fn) == "user":
                 return
             what = f"compiles source under a library's file name ({fn})"
+        elif event == "exec":
+            code = args[0] if args else None
+            if getattr(code, "co_name", None) != "<module>":
+                return
+            real = _course_source(code.co_filename)
+            if real is None:
+                return
+            busy.on = True
+            try:
+                name = _executing_module(getframe(1))
+            finally:
+                busy.on = False
+            runs = course_runs.get(real, 0)
+            course_runs[real] = runs + 1
+            canonical = _dotted(real)
+            if name == canonical and runs == 0:
+                return          # the module's own import
+            what = (f"runs the code of the course's module {canonical} "
+                    + ("a second time (a reload)" if name == canonical else
+                       f"as another module ({name!r})" if name else "by hand")
+                    + ", which makes copies of its functions that the guards do not watch")
+        elif event == "open":
+            path = args[0] if args else None
+            real = _course_source(path) if isinstance(path, str) else None
+            if real is None or (len(args) > 1 and isinstance(args[1], str)
+                                and any(c in args[1] for c in "wax+")):
+                return
+            busy.on = True
+            try:
+                f = getframe(1)
+                # the import system reading a module's source (an import, a first one)
+                if f.f_code.co_filename.startswith("<frozen importlib"):
+                    return
+                # who opens it: the first frame past the standard library and IPython's own
+                # wrapper of open (a notebook's open is IPython's)
+                while f is not None and (_kind(f.f_code.co_filename) == "std" or
+                                         _ipython_file(f.f_code.co_filename)):
+                    f = f.f_back
+                opener = f.f_code.co_filename if f is not None else ""
+            finally:
+                busy.on = False
+            if _kind(opener) != "user" or not _strict(opener):
+                return
+            _refuse(f"reads the source of the course's module {_dotted(real)}: code run from "
+                    "a copy of it is not watched by the guards")
         elif event.startswith("ctypes."):
             what = f"uses ctypes ({event})"
         elif event in _THREAD_EVENTS:
@@ -1278,4 +1392,5 @@ def _guard_switches(getframe, busy, kind, refuse):
             pass
 
 
+_MISSING_SOURCE = object()
 _EXEMPT_VIEW = _install_hook()

@@ -500,19 +500,42 @@ def test_output_folder_must_not_hold_submissions(tiny, tmp_path):
         grader.grade(H.NAME, tmp_path, tmp_path / "out", root=tiny)
 
 
-def test_ambiguous_class_is_refused_before_any_work(tiny, tmp_path):
+def test_names_that_meet_cost_no_student_their_grade(tiny, tmp_path):
+    """A class whose names meet (a notebook and a nbgrader folder of one name; names that
+    differ only in what a file name cannot hold) or hold control characters is graded
+    whole: every submission gets its own result files, and nothing a name holds reaches
+    the console, the notes or the table raw."""
     subs = tmp_path / "subs"
     subs.mkdir()
     H.write_submission(subs, "ann", H.exercise_nb(tiny))
     (subs / "ann" / H.NAME).mkdir(parents=True)
     H.write_submission(subs / "ann" / H.NAME, H.NAME, H.exercise_nb(tiny))
+    H.write_submission(subs, "bo", H.exercise_nb(tiny))
+    H.write_submission(subs, "bo ", H.exercise_nb(tiny))            # safe name "bo" too
+    H.write_submission(subs, "cy\x1b[2J\nscore 9", H.exercise_nb(tiny))
+    (subs / "notes\x1b[31m.txt").write_text("x")
     said = []
-    with pytest.raises(grader.GradingError, match="more than one submission for ann"):
-        grader.grade(H.NAME, subs, tmp_path / "out", root=tiny, progress=said.append)
-    assert not said and not (tmp_path / "out").exists()
+    res = grader.grade(H.NAME, subs, tmp_path / "out", root=tiny, progress=said.append)
+    assert set(res.students) == {"ann", "ann (folder)", "bo", "bo ", "cy\x1b[2J\nscore 9"}
+    assert all(r["status"] == "graded" for r in res.students.values())
+    feedback = sorted(p.name for p in (tmp_path / "out" / "feedback").iterdir())
+    assert len(feedback) == 5 and "bo.md" in feedback, feedback
+    assert any("a notebook and a folder of that name" in n for n in res.notes), res.notes
+    assert any("is another student's" in n for n in res.notes), res.notes
+    shown = "\n".join(said + res.notes)
+    assert "\x1b" not in shown and "cy\\x1b[2J\\x0ascore 9" in shown, shown
+    table = (tmp_path / "out" / "scores.csv").read_text()
+    assert "\x1b" not in table and len(table.splitlines()) == 6, table
     (tmp_path / "file").write_text("x")
     with pytest.raises(grader.GradingError, match="out_dir"):
         grader.grade(H.NAME, subs, tmp_path / "file", root=tiny)
+
+
+def test_output_names_stay_apart():
+    names = submissions.output_names(["bo", "bo ", " bo", "bo?", "a/b", "a_b"])
+    assert len(set(names.values())) == 6 and names["bo"] == "bo" and names["a_b"] == "a_b"
+    assert names == submissions.output_names(["bo?", " bo", "bo", "bo ", "a_b", "a/b"])
+    assert submissions.printable("x\x1b[2J\n\u202e\\y") == "x\\x1b[2J\\x0a\\u202e\\\\y"
 
 
 # ------------------------------------------------------------------ stand-ins in the verifier
@@ -841,7 +864,7 @@ def test_submissions_are_read_without_following_links(tiny, tmp_path):
 
 @pytest.mark.parametrize("value, shown", [
     ("=1+2", "'=1+2"), ("+SUM(A1)", "'+SUM(A1)"), ("-2+3", "'-2+3"), ("@cmd", "'@cmd"),
-    ("\t=1", "'\t=1"), ("\r=1", "'\r=1"), ("alice", "alice"), (3, 3)])
+    ("\t=1", "\\x09=1"), ("\r=1", "\\x0d=1"), ("alice", "alice"), (3, 3)])
 def test_score_cells_are_escaped(value, shown):
     assert grader.csv_cell(value) == shown
 

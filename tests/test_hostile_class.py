@@ -145,6 +145,68 @@ def tiled_row_attention(x, vals, B):
     return _run(_C.DispatchKey.CPU, x, -1, False) @ vals
 '''
 
+# code left behind in the display functions the grading hooks publish their records through:
+# it runs in the middle of the check, after the answer cell's own inspection, and switches
+# the guards' handlers off (the names are built at run time, past the source scan)
+_GUARDS_OFF = '''
+def _guards_off():
+    g = sys.modules["course_utils." + "guards"]
+    g._FunctionGuard.__torch_function__ = lambda self, func, types, args=(), kwargs=None: \\
+        func(*args, **(kwargs or {}))
+    g._DispatchGuard.__torch_dispatch__ = lambda self, func, types, args=(), kwargs=None: \\
+        func(*args, **(kwargs or {}))
+'''
+DISPLAY_HOOK = '''
+import sys, IPython.display as _D
+''' + _GUARDS_OFF + '''
+_real = getattr(_D, "publish" + "_display_data")
+def _hooked(*a, **k):
+    _guards_off()
+    return _real(*a, **k)
+setattr(_D, "publish" + "_display_data", _hooked)
+def tiled_row_attention(x, vals, B):
+    return torch.softmax(x, -1) @ vals
+'''
+PUBLISHER_HOOK = '''
+import sys
+''' + _GUARDS_OFF + '''
+_pub = get_ipython().display_pub
+_real = _pub.publish
+def _hooked(*a, **k):
+    _guards_off()
+    return _real(*a, **k)
+_pub.publish = _hooked
+def tiled_row_attention(x, vals, B):
+    return torch.softmax(x, -1) @ vals
+'''
+
+# a copy of the course's softmax module that no guard swaps (3.3 forbids the module's own):
+# made by the import system under another name, by a reload that leaves the answer the old
+# functions, and from the source read by hand
+MODULE_COPY = '''
+import importlib.util as _u, course_utils.softmax as _s
+_spec = _u.spec_from_file_location("my_softmax", _s.__file__)
+_mod = _u.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+def tiled_row_attention(x, vals, B):
+    return getattr(_mod, "safe" + "_softmax")(x, -1) @ vals
+'''
+RELOADED = '''
+import importlib, course_utils.softmax as _s
+_held = getattr(_s, "safe" + "_softmax")
+importlib.reload(_s)
+def tiled_row_attention(x, vals, B):
+    return _held(x, -1) @ vals
+'''
+SOURCE_COPY = '''
+import course_utils.softmax as _s
+_ns = {"__name__": "mine"}
+with open(_s.__file__) as _f:
+    exec(compile(_f.read(), "mine.py", "exec"), _ns)
+def tiled_row_attention(x, vals, B):
+    return _ns["safe" + "_softmax"](x, -1) @ vals
+'''
+
 # student -> (answer of 3.3, words its feedback must hold)
 ATTACKS = {
     "dispatch_subclass": (DISPATCH_SUBCLASS, "tensor subclass of its own"),
@@ -157,6 +219,11 @@ ATTACKS = {
     "builtins_lie": (BUILTINS_LIE, "builtins.getattr"),
     "switches_at_run_time": (SWITCHES_AT_RUN_TIME, "dispatcher switches"),
     "per_key_kernel": (PER_KEY_KERNEL, "dispatcher switches"),
+    "display_hook": (DISPLAY_HOOK, "publish_display_data"),
+    "publisher_hook": (PUBLISHER_HOOK, "display publisher.publish"),
+    "module_copy": (MODULE_COPY, "as another module ('my_softmax')"),
+    "reloaded": (RELOADED, "a second time (a reload)"),
+    "source_copy": (SOURCE_COPY, "reads the source of the course's module course_utils.softmax"),
 }
 
 
@@ -286,6 +353,35 @@ def test_the_guard_keeper_finds_modes_builtins_and_tensor_methods():
         torch._C._pop_torch_dispatch_stack(None)          # the answer pops the check's mode
         assert any("mode stacks" in c for c in guard_keeper.check_and_restore(kept))
         assert torch._C._len_torch_dispatch_stack() == 1
+
+
+def test_a_guard_changed_after_the_answer_cell_is_found_before_the_next_call():
+    """Code an answer leaves behind (a hook, a finalizer) can switch a guard off after its
+    cell was inspected: the picture a call takes of its own would hold the change, so each
+    recorded call first compares the never-changing parts with the one taken before the
+    answer cell, and a forbidden softmax is refused again."""
+    guard_keeper.capture()
+    held = (vars(guards._FunctionGuard)["__torch_function__"],
+            vars(guards._DispatchGuard)["__torch_dispatch__"])
+    hand_on = lambda self, func, types_, args=(), kwargs=None: func(*args, **(kwargs or {}))  # noqa: E731
+    try:
+        # what the hook does, mid-check: the guards' handlers hand everything on
+        guards._FunctionGuard.__torch_function__ = hand_on
+        guards._DispatchGuard.__torch_dispatch__ = hand_on
+        with guards.forbid("softmax"):
+            torch.softmax(torch.zeros(3), -1)           # not refused: the guard is off
+        kept = guard_keeper.snapshot()
+        assert guard_keeper.check_and_restore(kept) == []   # the call's own picture holds it
+        changed = guard_keeper.check_stable_and_restore()
+    finally:
+        guards._FunctionGuard.__torch_function__, guards._DispatchGuard.__torch_dispatch__ = held
+    assert sorted(changed) == ["course_utils.guards._DispatchGuard.__torch_dispatch__",
+                               "course_utils.guards._FunctionGuard.__torch_function__"]
+    with pytest.raises(guards.ForbiddenCall), guards.forbid("softmax"):
+        torch.softmax(torch.zeros(3), -1)
+    # while a check's forbid is on (functions swapped, modes pushed) nothing is reported
+    with guards.forbid("softmax", "reference-attention", "course-kernels"):
+        assert guard_keeper.check_stable_and_restore() == []
 
 
 @pytest.mark.parametrize("src, name", [

@@ -126,6 +126,7 @@ class _Class:
     ref: "Reference | None" = None
     copies: similarity.Index | None = None
     official_refs: dict = field(default_factory=dict)
+    out_names: dict = field(default_factory=dict)     # student -> file name of its outputs
 
 
 def _run(cls: _Class, make, *, inputs=None, nbval=False, keep_as=None):
@@ -723,7 +724,7 @@ def grade_student(cls: _Class, student: str, path) -> dict:
     grader) is this student's ``error`` result; every run's folder and process is
     gone when it returns."""
     t0 = time.monotonic()
-    safe = submissions.safe_name(student)
+    safe = cls.out_names.get(student) or submissions.safe_name(student)
     sub = submissions.Submission(student, path)
     iso = cls.sandbox.isolation.describe()
     res = None
@@ -862,7 +863,8 @@ def grade(assignment, submissions_path, out_dir, *, workers: int = 2, cell_timeo
                                         out_dir.resolve(), subs_root], iso,
                               memory_mb=memory_mb, cpu_seconds=2 * timeout + 120)
         cls = _Class(tpl, box, scratch / "jobs", out_dir, subs_root, cell_timeout, timeout,
-                     junit=junit_xml, resume=resume)
+                     junit=junit_xml, resume=resume,
+                     out_names=submissions.output_names([s for s, _ in found]))
         official = {e.id: tpl.nb.cells[e.answer_index].source for e in tpl.exercises}
         cls.official_refs = {ex: set(instrument.tamper_references(src))
                              for ex, src in official.items()}
@@ -883,11 +885,12 @@ def grade(assignment, submissions_path, out_dir, *, workers: int = 2, cell_timeo
                     student = futures[f]
                     res = f.result()
                     results[student] = res
+                    shown = submissions.printable(student)
                     if res.pop("kept", False):
-                        say(f"{student}: kept earlier result {res['total']}/{res['max']}")
+                        say(f"{shown}: kept earlier result {res['total']}/{res['max']}")
                         continue
-                    say(f"{student}: {res['total']}/{res['max']}"
-                        + (f" ({res['status']}: {res.get('error', '')[:120]})"
+                    say(f"{shown}: {res['total']}/{res['max']}"
+                        + (f" ({res['status']}: {submissions.printable(res.get('error', '')[:120])})"
                            if res["status"] != "graded" else f" ({res['seconds']:.1f} s)"))
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -923,9 +926,13 @@ _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def csv_cell(v):
-    """A table cell that a spreadsheet shows as text, never runs as a formula."""
-    if isinstance(v, str) and v.startswith(_FORMULA):
-        return "'" + v
+    """A table cell that a spreadsheet shows as text, never runs as a formula, with
+    control characters (a newline that would start a row of its own in a careless
+    reader, a terminal's escape sequences) written as escapes."""
+    if isinstance(v, str):
+        v = submissions.printable(v)
+        if v.startswith(_FORMULA):
+            return "'" + v
     return v
 
 

@@ -55,6 +55,9 @@ _MODULES = ("course_utils.guards", "course_utils.checks", "course_utils.grading.
 _TRITON = {"triton.runtime.interpreter": ("InterpreterBuilder", "InterpretedFunction",
                                           "GridExecutor", "FunctionRewriter", "ASTTransformer"),
            "triton.runtime.jit": ("JITFunction", "KernelInterface", "JITCallable")}
+# what the grading hooks publish their records through: an answer that rebinds it runs its
+# own code each time a hook publishes, in the middle of a check
+_DISPLAY = ("IPython.display", "IPython.core.display_functions", "IPython.core.display")
 
 
 def _copy(v):
@@ -103,6 +106,13 @@ def _targets():
             v = vars(mod).get(attr)
             if isinstance(v, type):
                 out.append((f"{name}.{attr}", v))
+    for name in _DISPLAY:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            out.append((name, vars(mod)))
+    pub = _display_publisher()
+    if pub is not None:
+        out.append((f"display publisher {type(pub).__qualname__}", type(pub)))
     # what the guards' own code reads as it judges a call: the builtins (isinstance, len,
     # tuple, ...) and the methods and properties of torch.Tensor (shape, numel, clone, ...);
     # an answer that rebinds one can make the guard see what it likes
@@ -115,6 +125,31 @@ def _targets():
         if isinstance(cls, type):
             out.append((f"torch.overrides.{cls.__name__}", cls))
     return out
+
+
+def _display_publisher():
+    """The kernel's display publisher (what ``publish_display_data`` hands each record to),
+    or None outside a kernel."""
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    cls = getattr(shell, "InteractiveShell", None)
+    try:
+        if cls is None or not cls.initialized():
+            return None
+        return getattr(cls.instance(), "display_pub", None)
+    except Exception:  # noqa: BLE001 - no shell
+        return None
+
+
+def _publisher_state():
+    """The publisher itself and the callables set on it (none but an answer's): a method
+    replaced on the object runs its own code each time a record is published."""
+    pub = _display_publisher()
+    if pub is None:
+        return {}
+    inst = vars(pub) if isinstance(getattr(pub, "__dict__", None), dict) else {}
+    return {"publisher": (pub, None)} | {
+        f"publisher.{k}": (v, None) for k, v in inst.items()
+        if callable(v) and not isinstance(v, type) and not k.startswith("_")}
 
 
 def capture():
@@ -153,6 +188,7 @@ def snapshot() -> dict:
     snap["__modules__"] = (None, None, {n: (sys.modules.get(n), None) for n in _MODULES})
     snap["__torch_attrs__"] = (None, None, _torch_attrs())
     snap["__mode_stacks__"] = (None, None, _mode_stacks())
+    snap["__display__"] = (None, None, _publisher_state())
     return snap
 
 
@@ -220,8 +256,10 @@ def _course_code():
                 or mod is None:
             continue
         for attr, v in list(vars(mod).items()):
+            # keyed by what is kept: a function's code, a kernel's run (a function may itself
+            # be called ``run``)
             if isinstance(v, types.FunctionType) and getattr(v, "__module__", None) == name:
-                out[f"{name}.{attr}"] = (v, v.__code__)
+                out[f"{name}.{attr}.__code__"] = (v, v.__code__)
             elif type(v).__name__ in ("JITFunction", "InterpretedFunction") and \
                     isinstance(getattr(v, "__dict__", None), dict):
                 out[f"{name}.{attr}.run"] = (v, vars(v).get("run", _MISSING))
@@ -251,7 +289,7 @@ def check_and_restore(snap: dict | None = None) -> list:
             continue
         if label == "__code__":
             for name, (obj, held) in items.items():
-                if name.endswith(".run"):
+                if not name.endswith(".__code__"):
                     cur = vars(obj).get("run", _MISSING)
                     if cur is not held:
                         changed.append(name)
@@ -260,7 +298,7 @@ def check_and_restore(snap: dict | None = None) -> list:
                         else:
                             vars(obj)["run"] = held
                 elif obj.__code__ is not held:
-                    changed.append(f"{name}.__code__")
+                    changed.append(name)
                     obj.__code__ = held
             continue
         if label == "__modules__":
@@ -284,6 +322,28 @@ def check_and_restore(snap: dict | None = None) -> list:
                                "entered or left)")
                 _restore_modes(items)
             continue
+        if label == "__display__":
+            live = _publisher_state()
+            pub = items.get("publisher", (None, None))[0]
+            for k in set(live) | set(items):
+                if live.get(k, (_MISSING,))[0] is not items.get(k, (_MISSING,))[0]:
+                    changed.append(f"the display {k}")
+                    if k == "publisher" and pub is not None:
+                        try:
+                            sys.modules["IPython.core.interactiveshell"].InteractiveShell \
+                                .instance().display_pub = pub
+                        except Exception:  # noqa: BLE001
+                            pass
+                    elif pub is not None and k.startswith("publisher."):
+                        attr = k[len("publisher."):]
+                        try:
+                            if k in items:
+                                setattr(pub, attr, items[k][0])
+                            else:
+                                vars(pub).pop(attr, None)
+                        except Exception:  # noqa: BLE001
+                            pass
+            continue
         if label in ("torch._C", "torch.overrides"):
             continue  # kept through __torch_attrs__
         live = dict(vars(owner)) if owner is not None else ns
@@ -294,13 +354,31 @@ def check_and_restore(snap: dict | None = None) -> list:
                 _restore(owner, ns, k, obj, content)
         if owner is None:
             continue
-        for k in [k for k in live if k not in items and not k.startswith("_abc")]:
+        # added names: not the caches of abc and copyreg (a class's __slotnames__ is written
+        # the first time one of its objects is copied or pickled)
+        for k in [k for k in live if k not in items and not k.startswith("_abc")
+                  and k != "__slotnames__"]:
             changed.append(f"{label}.{k} (added)")
             try:
                 delattr(owner, k)
             except (TypeError, AttributeError):
                 pass
     return changed
+
+
+def check_stable_and_restore(snap: dict | None = None) -> list:
+    """:func:`check_and_restore` for what nothing but an answer ever changes once a check
+    cell is running: the classes kept (the guards' modes, torch's mode classes,
+    ``torch.Tensor``), the builtins, torch's mode switches and the display functions. The
+    grading hooks run it before each recorded call, against the picture taken before the
+    answer cell: code an answer left behind (a hook on the display functions, a thread)
+    can change the guards after that cell ended, and the picture each call takes of its
+    own would already hold the change."""
+    snap = _SNAP if snap is None else snap
+    stable = {label: entry for label, entry in snap.items()
+              if label in ("builtins", "__torch_attrs__", "__display__") or entry[0] is not None
+              or label in _DISPLAY}
+    return check_and_restore(stable) if stable else []
 
 
 def _restore(owner, ns, k, obj, content):

@@ -86,6 +86,11 @@ def start(mode: str, nonce: str, inputs_path: str | None = None):
         if guards is not None and hasattr(guards, "register_answer_sources"):
             guards.register_answer_sources({str(k): str(v) for k, v in sources.items()})
     if mode != "verify":
+        try:  # the records go out through the function as it is before any answer runs
+            from IPython.display import publish_display_data
+            _state["publish"] = publish_display_data
+        except ImportError:  # pragma: no cover - a kernel without IPython
+            pass
         guard_keeper.capture()
         try:
             from course_utils import guards
@@ -118,9 +123,11 @@ def _publish(kind: str, key: str, payload):
                 f.write(json.dumps({"nonce": _state["nonce"], "kind": kind, "key": key,
                                     "blob": codec.dumps(payload)}) + "\n")
         return
-    from IPython.display import publish_display_data
-    publish_display_data({MIME: {"nonce": _state["nonce"], "kind": kind, "key": key,
-                                 "blob": codec.dumps(payload)}})
+    publish = _state.get("publish")
+    if publish is None:
+        from IPython.display import publish_display_data as publish
+    publish({MIME: {"nonce": _state["nonce"], "kind": kind, "key": key,
+                    "blob": codec.dumps(payload)}})
 
 
 def _rng_states():
@@ -436,6 +443,9 @@ class _Recorder:
         if grid is not None:
             payload["grid"] = _as_data(grid)
         _state["depth"] += 1
+        # what code the answer left behind changed since its cell ended (see
+        # guard_keeper.check_stable_and_restore): put back, and reported with the call
+        early = guard_keeper.check_stable_and_restore()
         kept = guard_keeper.snapshot()
         if self._owners is not None and _launch_fingerprint(self._fn) != self._held:
             _state["depth"] -= 1
@@ -453,7 +463,7 @@ class _Recorder:
             raise
         finally:
             _state["depth"] -= 1
-            tampered = guard_keeper.check_and_restore(kept)
+            tampered = early + guard_keeper.check_and_restore(kept)
             if tampered:
                 payload["tampered"] = tampered[:20]
             try:

@@ -42,6 +42,45 @@ def safe_name(student: str) -> str:
     return s[:100]
 
 
+def printable(name: str) -> str:
+    """``name`` as a console line or a table cell can show it: control and other
+    invisible characters (a newline, an escape sequence, a direction override) written
+    as escapes, so a file name cannot forge lines or repaint a terminal."""
+    out = []
+    for ch in str(name):
+        if ch.isprintable() and ch != "\\":
+            out.append(ch)
+        elif ch == "\\":
+            out.append("\\\\")
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def output_names(students) -> dict:
+    """``{student: file name}`` for the results, feedback and graded notebooks: the
+    :func:`safe_name` of each, made unique. Names that differ only in the characters a
+    file name cannot hold ("ana b" and "ana_b", "honest " and "honest") would share one;
+    a name that is its own file name keeps it, and every other student on it (in sorted
+    order) gets a suffix from a digest of the name, and a counter if even that is taken."""
+    names, taken = {}, set()
+    for student in sorted(students, key=lambda s: (safe_name(s) != s, s)):
+        base = safe_name(student)
+        name = base
+        if name in taken:
+            digest = hashlib.sha256(student.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+            name = f"{base[:90]}-{digest}"
+            k = 2
+            while name in taken:
+                name = f"{base[:90]}-{digest}-{k}"
+                k += 1
+        taken.add(name)
+        names[student] = name
+    return names
+
+
 def discover(source, assignment: str):
     """``[(student, path)]`` for one notebook, a folder of ``<student>.ipynb``
     files, or an nbgrader tree ``submitted/<student>/<assignment>/<file>.ipynb``
@@ -61,31 +100,42 @@ def discover(source, assignment: str):
                    and (p.is_symlink() or p.is_file()))
     linked = sorted(p.name for p in src.iterdir() if p.is_symlink() and p.suffix != ".ipynb")
     if linked:
-        notes.append(f"skipped symbolic links: {', '.join(linked[:20])}")
+        notes.append(f"skipped symbolic links: {', '.join(printable(n) for n in linked[:20])}")
     out = [(p.stem, p) for p in files]
+    flat = {p.stem for p in files}
     for d in subdirs:
         if d.name.startswith(".") or d.name == ".ipynb_checkpoints":
             continue
+        # a folder named like a notebook beside it ("ana.ipynb" and "ana/") is another
+        # submission: both are graded, the folder's under its own name
+        student = f"{d.name} (folder)" if d.name in flat else d.name
+        if student != d.name:
+            notes.append(f"{printable(d.name)}: a notebook and a folder of that name; the "
+                         f"folder's submission is graded as {printable(student)!s}")
         found = _nbgrader_notebook(d, assignment)
         if isinstance(found, str):
-            notes.append(f"{d.name}: {found}")
-            out.append((d.name, None))
+            notes.append(f"{printable(d.name)}: {printable(found)}")
+            out.append((student, None))
         else:
-            out.append((d.name, found))
+            out.append((student, found))
     others = sorted(p.name for p in src.iterdir() if p.is_file() and p.suffix != ".ipynb"
                     and not p.name.startswith("."))
     if others:
-        notes.append(f"skipped files that are not .ipynb: {', '.join(others[:20])}")
-    seen = {}
-    for student, _ in out:
-        key = safe_name(student)
-        if key in seen and seen[key] != student:
-            raise ValueError(f"submissions: students {seen[key]!r} and {student!r} map to the "
-                             f"same output name {key!r}; rename one")
-        seen[key] = student
-    if len({s for s, _ in out}) != len(out):
-        dup = sorted({s for s, _ in out if [t for t, _ in out].count(s) > 1})
-        raise ValueError(f"submissions: more than one submission for {', '.join(dup)}")
+        notes.append("skipped files that are not .ipynb: "
+                     + ", ".join(printable(n) for n in others[:20]))
+    # one submission per name (a folder "ana (folder)" beside "ana.ipynb" and "ana/")
+    seen: set = set()
+    for i, (student, path) in enumerate(out):
+        name, k = student, 2
+        while name in seen:
+            name, k = f"{student} ({k})", k + 1
+        seen.add(name)
+        out[i] = (name, path)
+    names = output_names([s for s, _ in out])
+    for student, name in sorted(names.items()):
+        if name != safe_name(student):
+            notes.append(f"{printable(student)}: its file name {safe_name(student)!r} is "
+                         f"another student's; its results are in {name}.json / {name}.md")
     return out, notes
 
 

@@ -72,6 +72,12 @@ def my_block_sizes(M, d):
 ''',
     },
     "4.2": {
+        "the course contract's causal_mask, sliced to the tile": '''# Exercise 4.2
+from course_utils.contract import causal_mask
+def tile_visible(i0, j0, rows, cols):
+    n = max(i0 + rows, j0 + cols)
+    return causal_mask(n, n, "causal_upper_left")[i0:i0 + rows, j0:j0 + cols].bool()
+''',
         "tile-relative positions (r >= c), ignoring i0 and j0": '''# Exercise 4.2
 def tile_visible(i0, j0, rows, cols):
     r = torch.arange(rows)[:, None]
@@ -98,6 +104,8 @@ def tile_visible(i0, j0, rows, cols):
 ''',
     },
     "4.3": {
+        "l rounded to the input's dtype after every key tile": edit(official("4.3"), (
+            "l = alpha * l + p.sum(-1)", "l = (alpha * l + p.sum(-1)).to(q.dtype).float()")),
         "calls PyTorch's SDPA": '''# Exercise 4.3
 import torch.nn.functional as F
 
@@ -284,6 +292,19 @@ k_special = torch.cat([tile_keys * (t + 1) for t in range(4)], dim=2)
 ''',
     },
     "4.6": {
+        "the decoding benchmark's grouped_torch_decode": '''# Exercise 4.6
+from course_utils.bench.decode import grouped_torch_decode
+def decode_step(q_new, k_cache, v_cache):
+    return grouped_torch_decode(q_new, k_cache, v_cache, q_new.shape[-1] ** -0.5)
+''',
+        "the checks' attention_reference on repeated kv heads": '''# Exercise 4.6
+from course_utils.exercise_checks import attention_reference
+def decode_step(q_new, k_cache, v_cache):
+    g = q_new.shape[1] // k_cache.shape[1]
+    k = k_cache.repeat_interleave(g, dim=1)
+    v = v_cache.repeat_interleave(g, dim=1)
+    return attention_reference(q_new, k, v).to(q_new.dtype)
+''',
         "returns the check's reference instead of computing": '''# Exercise 4.6
 def decode_step(q_new, k_cache, v_cache):
     return expected

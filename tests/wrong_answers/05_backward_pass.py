@@ -74,6 +74,23 @@ def grads_through_scores(ds, q, k, scale):
     return ds @ k / scale, ds.transpose(-1, -2) @ q / scale''',
     },
     "5.5": {
+        "ignores the scale it is given (1/sqrt(d) from q_i's width)": '''# Exercise 5.5 (2 points)
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    scale = q_i.shape[-1] ** -0.5
+    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
+    dp, dv_part = grads_through_pv(p, v_j, do_i)
+    ds = grad_scores(p, dp, D_i)
+    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, scale)
+    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part
+''',
+        "the scale in P but not in dQ and dK": '''# Exercise 5.5 (2 points)
+def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):
+    p = torch.exp(scale * q_i @ k_j.T - lse_i[:, None])
+    dp, dv_part = grads_through_pv(p, v_j, do_i)
+    ds = grad_scores(p, dp, D_i)
+    dq_part, dk_part = grads_through_scores(ds, q_i, k_j, q_i.shape[-1] ** -0.5)
+    return dq_i + dq_part, dk_j + dk_part, dv_j + dv_part
+''',
         "softmax of the tile instead of P from lse": '''# Exercise 5.5 (2 points)
 import torch
 def tile_update(q_i, k_j, v_j, do_i, lse_i, D_i, scale, dq_i, dk_j, dv_j):

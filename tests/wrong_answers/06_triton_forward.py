@@ -54,6 +54,19 @@ def axpy(x, y, alpha, block=64):
     return alpha * x + y''',
     },
     "6.2": {
+        "no clamp at zero (query tiles that see no key when Nk < Nq)": '''# Exercise 6.2
+def causal_tile_counts(Nq, Nk, BM, BN):
+    off = Nk - Nq
+    tiles_k = -(-Nk // BN)
+    visited = masked = 0
+    for r0 in range(0, Nq, BM):
+        r1 = min(r0 + BM, Nq) - 1
+        seen = min(tiles_k, (r1 + off) // BN + 1)
+        full = (r0 + off) // BN
+        visited += seen
+        masked += seen - full
+    return visited, masked
+''',
         "off-band with <= (the diagonal tile counted as unmasked)": '''# Exercise 6.2
 def causal_tile_counts(Nq, Nk, BM, BN):
     off, visited, masked = Nk - Nq, 0, 0

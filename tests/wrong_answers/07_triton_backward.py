@@ -119,6 +119,39 @@ ratio_7_5 = 3.0''',
 }
 
 WRONG["7.6"] = {
+    "Delta in PyTorch, handed to launch as a kernel object": '''# Exercise 7.6
+class _RowDot:
+    def __getitem__(self, grid):
+        def run(o, do, out, *rest, **meta):
+            out.copy_((o * do).sum(-1))
+        return run
+
+
+def flash_backward(q, k, v, o, lse, do):
+    delta = torch.empty(q.shape[:2], device=q.device, dtype=torch.float32)
+    launch(_RowDot(), (1,), o, do, delta)
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv''',
+    "Delta from the Hopper package's row_stats kernel": '''# Exercise 7.6
+from course_utils.hopper.gluon_bwd import row_stats
+def flash_backward(q, k, v, o, lse, do):
+    bh, nq, d = q.shape
+    _, delta = row_stats(o.unsqueeze(0), do.unsqueeze(0), lse.unsqueeze(0))
+    delta = delta.view(bh, -1)[:, :nq].contiguous()
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv''',
+    "Delta from lesson 7's library kernel (triton_attention)": '''# Exercise 7.6
+from course_utils.triton_attention import _attn_bwd_delta
+def flash_backward(q, k, v, o, lse, do):
+    bh, nq, d = q.shape
+    delta = torch.empty(bh, nq, device=q.device, dtype=torch.float32)
+    launch(_attn_bwd_delta, (triton.cdiv(nq, 16), bh), o, do, delta, o.stride(0), 0, o.stride(1),
+           do.stride(0), 0, do.stride(1), 1, nq, d, HEAD_DIM=triton.next_power_of_2(d), BLOCK=16)
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv''',
     "Delta in PyTorch": '''# Exercise 7.6
 def flash_backward(q, k, v, o, lse, do):
     delta = (o * do).sum(-1)

@@ -31,6 +31,11 @@ def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
     return (2 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem)''',
     },
     "9.3": {
+        "the course contract's causal_mask": '''# Exercise 9.3
+from course_utils.contract import causal_mask as _course_mask
+def bottom_right_mask(nq, nk):
+    return _course_mask(nq, nk, "causal_lower_right")
+''',
         "top-left mask (token t at position t)": '''# Exercise 9.3
 import torch
 def bottom_right_mask(nq, nk):

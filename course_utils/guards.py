@@ -193,6 +193,62 @@ def _kernel_module(obj) -> str | None:
     return getattr(fn, "__module__", None)
 
 
+_NO_ATTR = object()
+
+
+def _kernel_fn(obj):
+    """The Python function under a Triton kernel (through Autotuner / Heuristics)."""
+    fn = obj
+    for _ in range(6):
+        inner = getattr(fn, "fn", None)
+        if inner is None or inner is fn:
+            break
+        fn = inner
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _refuse_kernel_copies(codes: dict) -> list:
+    """Make every launch path of Triton refuse a kernel whose Python code is one of
+    ``codes`` (code -> token): ``kernel[grid]``, ``kernel.run`` of a compiled or an
+    interpreted kernel, and the interpreter's executor. Returns the changes made, for
+    :func:`forbid` to undo (in reverse order)."""
+    changes = []
+
+    def refused(fn):
+        t = codes.get(getattr(fn, "__code__", None))
+        if t is not None:
+            _refuse(t)
+
+    def patch(cls, name, make):
+        held = vars(cls).get(name, _NO_ATTR)
+        original = getattr(cls, name)
+        changes.append(("attr", cls, (name, held)))
+        setattr(cls, name, make(original))
+
+    def via_kernel(original):
+        def wrapped(self, *a, **k):
+            refused(_kernel_fn(self))
+            return original(self, *a, **k)
+        return wrapped
+
+    def via_executor(original):
+        def wrapped(self, fn, *a, **k):
+            refused(fn)
+            return original(self, fn, *a, **k)
+        return wrapped
+
+    jit = sys.modules.get("triton.runtime.jit")
+    interp = sys.modules.get("triton.runtime.interpreter")
+    for mod, name, attr, make in ((jit, "KernelInterface", "__getitem__", via_kernel),
+                                  (jit, "JITFunction", "run", via_kernel),
+                                  (interp, "InterpretedFunction", "run", via_kernel),
+                                  (interp, "GridExecutor", "__init__", via_executor)):
+        cls = getattr(mod, name, None) if mod is not None else None
+        if isinstance(cls, type) and hasattr(cls, attr):
+            patch(cls, attr, make)
+    return changes
+
+
 def _resolve(spec: str):
     modname, _, qual = spec.partition(":")
     if qual == "*":
@@ -473,6 +529,7 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     applied = []
     tokens = []
     seen = set()
+    kernel_codes: dict = {}     # the Python code of every refused kernel -> its token
     try:
         for obj, label, what in swaps:
             if id(obj) in seen:
@@ -498,6 +555,13 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
                     _refuse(_t)
                     return type(_o).run(_o, *a, **k)
                 obj.run = _refusing_run
+                code = getattr(_kernel_fn(obj), "__code__", None)
+                if code is not None:
+                    kernel_codes[code] = token
+        if kernel_codes:
+            # a kernel made afresh from a refused kernel's function (triton.jit(kernel.fn)),
+            # or that function handed to the interpreter's executor, is the same kernel
+            applied.extend(_refuse_kernel_copies(kernel_codes))
         modes = []
         if api:
             modes.append(_FunctionGuard(api, exercise, asks))
@@ -516,6 +580,13 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
         for kind, obj, old in reversed(applied):
             if kind == "code":
                 obj.__code__ = old
+            elif kind == "attr":
+                name, held = old
+                if held is _NO_ATTR:
+                    with contextlib.suppress(AttributeError, TypeError):
+                        delattr(obj, name)
+                else:
+                    setattr(obj, name, held)
             elif old is None:
                 with contextlib.suppress(AttributeError):
                     del obj.run

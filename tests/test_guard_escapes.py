@@ -16,6 +16,7 @@ import torch
 
 from course_utils import guards
 from course_utils.guards import ForbiddenCall
+import triton.language as tl  # noqa: E402,I001 - after course_utils, which picks the interpreter
 
 CELL = "/tmp/ipykernel_4242/1234567.py"   # the file name IPython gives a notebook cell
 
@@ -25,6 +26,17 @@ def _cell(src: str) -> dict:
     ns = {"torch": torch, "__name__": "__main__"}
     exec(compile(src, CELL, "exec"), ns)
     return ns
+
+
+def _own_row_dot(O, DO, OUT, n, D: tl.constexpr, BLOCK: tl.constexpr):
+    """A learner's Delta kernel (jitted in the test that uses it)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    base = tl.program_id(1) * n * D
+    ok = rows[:, None] < n
+    o = tl.load(O + base + rows[:, None] * D + cols[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + base + rows[:, None] * D + cols[None, :], mask=ok, other=0.0)
+    tl.store(OUT + tl.program_id(1) * n + rows, tl.sum(o * do, 1), mask=rows < n)
 
 
 def _checker(answer, *args, forbid=("softmax",)):
@@ -319,3 +331,35 @@ def test_packages_on_the_path_outside_site_packages_are_library_code(tmp_path):
     run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
                          env=env, timeout=300, cwd=str(tmp_path))
     assert run.returncode == 0 and run.stdout.strip() == "refused", run.stderr[-2000:]
+
+
+def test_a_kernel_made_afresh_from_a_forbidden_kernels_function_is_refused():
+    """``triton.jit(kernel.fn)`` makes a new kernel object from a forbidden kernel's Python
+    function, which the refused kernel's own launch does not cover: every launch path of
+    Triton refuses it while the guard is on, and it runs again once the guard is off."""
+    import triton
+
+    from course_utils.triton_attention import _attn_bwd_delta
+    from course_utils.triton_intro import launch
+    ns = _cell("import triton\n"
+               "from course_utils.triton_attention import _attn_bwd_delta as _k\n"
+               "mine = triton.jit(_k.fn)\n")
+    mine = ns["mine"]
+    assert mine is not _attn_bwd_delta
+    o, do = torch.randn(2, 20, 16), torch.randn(2, 20, 16)
+    args = lambda d: (o, do, d, o.stride(0), 0, o.stride(1), do.stride(0), 0,  # noqa: E731
+                      do.stride(1), 1, 20, 16)
+    d = torch.zeros(2, 20)
+    with guards.forbid("course-kernels", exercise="7.6"):
+        with pytest.raises(ForbiddenCall, match="_attn_bwd_delta"):
+            mine[(2, 2)](*args(d), HEAD_DIM=16, BLOCK=16)
+        with pytest.raises(ForbiddenCall, match="_attn_bwd_delta"):
+            mine.run(*args(d), HEAD_DIM=16, BLOCK=16, grid=(2, 2), warmup=False)
+        with pytest.raises(ForbiddenCall, match="_attn_bwd_delta"):
+            launch(mine, (2, 2), *args(d), HEAD_DIM=16, BLOCK=16)
+        # a kernel of the learner's own still runs under the same guard
+        launch(triton.jit(_own_row_dot), (2, 2), o, do, d, 20, D=16, BLOCK=16)
+    assert torch.allclose(d, (o * do).sum(-1), atol=1e-5)
+    d.zero_()
+    mine[(2, 2)](*args(d), HEAD_DIM=16, BLOCK=16)
+    assert torch.allclose(d, (o * do).sum(-1), atol=1e-5)

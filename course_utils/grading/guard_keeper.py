@@ -375,9 +375,11 @@ def check_stable_and_restore(snap: dict | None = None) -> list:
     can change the guards after that cell ended, and the picture each call takes of its
     own would already hold the change."""
     snap = _SNAP if snap is None else snap
+    # not Triton's classes: a check's forbid makes their launch paths refuse the kernels
+    # it forbids while it is on
     stable = {label: entry for label, entry in snap.items()
-              if label in ("builtins", "__torch_attrs__", "__display__") or entry[0] is not None
-              or label in _DISPLAY}
+              if label in ("builtins", "__torch_attrs__", "__display__") or label in _DISPLAY
+              or (entry[0] is not None and not label.startswith("triton."))}
     return check_and_restore(stable) if stable else []
 
 

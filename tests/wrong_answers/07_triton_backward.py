@@ -119,6 +119,17 @@ ratio_7_5 = 3.0''',
 }
 
 WRONG["7.6"] = {
+    "Delta from a kernel jitted afresh from the library kernel's function": '''# Exercise 7.6
+from course_utils.triton_attention import _attn_bwd_delta as _library_delta
+_my_delta = triton.jit(_library_delta.fn)
+def flash_backward(q, k, v, o, lse, do):
+    bh, nq, d = q.shape
+    delta = torch.empty(bh, nq, device=q.device, dtype=torch.float32)
+    launch(_my_delta, (triton.cdiv(nq, 16), bh), o, do, delta, o.stride(0), 0, o.stride(1),
+           do.stride(0), 0, do.stride(1), 1, nq, d, HEAD_DIM=triton.next_power_of_2(d), BLOCK=16)
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv''',
     "Delta in PyTorch, handed to launch as a kernel object": '''# Exercise 7.6
 class _RowDot:
     def __getitem__(self, grid):

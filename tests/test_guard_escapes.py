@@ -346,10 +346,11 @@ def test_a_kernel_made_afresh_from_a_forbidden_kernels_function_is_refused():
                "mine = triton.jit(_k.fn)\n")
     mine = ns["mine"]
     assert mine is not _attn_bwd_delta
-    o, do = torch.randn(2, 20, 16), torch.randn(2, 20, 16)
+    from course_utils import device
+    o, do = torch.randn(2, 20, 16, device=device.DEVICE), torch.randn(2, 20, 16, device=device.DEVICE)
     args = lambda d: (o, do, d, o.stride(0), 0, o.stride(1), do.stride(0), 0,  # noqa: E731
                       do.stride(1), 1, 20, 16)
-    d = torch.zeros(2, 20)
+    d = torch.zeros(2, 20, device=device.DEVICE)
     with guards.forbid("course-kernels", exercise="7.6"):
         with pytest.raises(ForbiddenCall, match="_attn_bwd_delta"):
             mine[(2, 2)](*args(d), HEAD_DIM=16, BLOCK=16)

@@ -314,7 +314,8 @@ def test_v_key_order_is_the_operand_order_of_p():
     plain = _prep(nk=200, block_m=128, block_n=64, kernel="triton")
     order = fp8.v_key_order(256)
     assert torch.equal(prep["vt8"].float(), plain["vt8"].float()[..., order])
-    p = torch.randint(0, 4, (5, 256)).double()
+    p = torch.randint(0, 4, (5, 256)).double().to(prep["vt8"].device)
+    order = order.to(p.device)
     assert torch.equal(p[:, order] @ prep["vt8"][0, 0].double().T,
                        p @ plain["vt8"][0, 0].double().T)
 

@@ -364,3 +364,26 @@ def test_a_kernel_made_afresh_from_a_forbidden_kernels_function_is_refused():
     d.zero_()
     mine[(2, 2)](*args(d), HEAD_DIM=16, BLOCK=16)
     assert torch.allclose(d, (o * do).sum(-1), atol=1e-5)
+
+
+def test_a_template_kernels_launch_path_reads_the_same_under_a_forbid():
+    """The grading hooks compare what a template kernel's launch does before and during a
+    check. A forbid that refuses copies of the course's kernels wraps Triton's launch
+    methods while it is on; the comparison reads through those wrappers, and still sees a
+    launch method that an answer swaps in."""
+    import triton
+
+    from course_utils.grading import kernel_side
+    kernel = triton.jit(_own_row_dot)
+    before = kernel_side._launch_fingerprint(kernel)
+    with guards.forbid("course-kernels"):
+        assert guards._LAUNCH_WRAPPERS            # the launch methods are wrapped ...
+        assert kernel_side._launch_fingerprint(kernel) == before     # ... and read through
+        cls = type(kernel)
+        held = vars(cls).get("run")
+        try:
+            cls.run = lambda self, *a, **k: None                 # an answer's own launch
+            assert kernel_side._launch_fingerprint(kernel) != before
+        finally:
+            cls.run = held
+    assert not guards._LAUNCH_WRAPPERS and kernel_side._launch_fingerprint(kernel) == before

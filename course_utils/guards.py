@@ -104,9 +104,12 @@ GROUPS: dict[str, Group] = {
                               "torch.func:jacrev", "torch.func:jacfwd", "torch.func:grad_and_value")),
     "reference-softmax": Group("the course's softmax reference (course_utils.softmax)",
                                python=("course_utils.softmax:*",)),
-    "reference-attention": Group("the course's own attention code (course_utils.attention, its masks, "
-                                 "the checks' references, the benchmarks' baselines)",
+    "reference-attention": Group("the course's own attention code (course_utils.attention, backward, "
+                                 "decoding, its masks, the checks' references, the benchmarks' "
+                                 "baselines)",
                                  python=("course_utils.attention:*",
+                                         "course_utils.backward:*",
+                                         "course_utils.decoding:*",
                                          "course_utils.contract:causal_mask",
                                          "course_utils.contract:visible_keys",
                                          "course_utils.exercise_checks:attention_reference",

@@ -10,6 +10,11 @@ _SAFE_OK = '''    t = ["LOAD x[0], R1"]
 
 WRONG = {
     "2.1": {
+        'course_utils.softmax.exp_overflow_threshold': '''# Exercise 2.1
+from course_utils.softmax import exp_overflow_threshold
+def overflow_threshold(dtype):
+    return exp_overflow_threshold(dtype)
+''',
         "log10 instead of the natural log": '''# Exercise 2.1
 def overflow_threshold(dtype):
     return math.log10(torch.finfo(dtype).max)
@@ -28,6 +33,17 @@ def overflow_threshold(dtype):
 ''',
     },
     "2.2": {
+        'course_utils.attention state_from_scores / merge_states per element': '''# Exercise 2.2
+import torch
+from course_utils.attention import AttentionState, merge_states, state_from_scores
+def online_max_sum(x):
+    st = None
+    one = torch.ones(1, 1, dtype=x.dtype)
+    for xi in x:
+        part = state_from_scores(xi.reshape(1), one)
+        st = part if st is None else merge_states(st, part)
+    return st.m, st.l
+''',
         "copies the elements to a Python list, then two passes over the list": '''# Exercise 2.2
 def online_max_sum(x):
     vals = [float(xi) for xi in x]        # one read of each element, in order...
@@ -151,6 +167,14 @@ def online_step(i):
 ''',
     },
     "2.5": {
+        'course_utils.attention.merge_states: the l of a unit state': '''# Exercise 2.5
+import torch
+from course_utils.attention import AttentionState, merge_states
+def rescale_factor(m_old, m_new):
+    a = AttentionState(m=m_old, l=torch.ones_like(m_old), acc=torch.zeros_like(m_old)[..., None])
+    b = AttentionState(m=m_new, l=torch.zeros_like(m_new), acc=torch.zeros_like(m_new)[..., None])
+    return merge_states(a, b).l
+''',
         "exp of each max on its own": '''# Exercise 2.5
 def rescale_factor(m_old, m_new):
     return torch.nan_to_num(torch.exp(m_old) / torch.exp(m_new))
@@ -170,6 +194,13 @@ def rescale_factor(m_old, m_new):
 ''',
     },
     "2.6": {
+        'course_utils.softmax.welford_update': '''# Exercise 2.6 (2 points)
+from course_utils.softmax import welford_update
+def welford_step(state, x):
+    return welford_update(state, x)
+
+m2_increment_is = "b"
+''',
         "M2 += (x - old mean)^2: option a": '''# Exercise 2.6 (2 points)
 def welford_step(state, x):
     N, mean, m2 = state

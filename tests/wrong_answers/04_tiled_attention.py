@@ -72,6 +72,19 @@ def my_block_sizes(M, d):
 ''',
     },
     "4.2": {
+        'backward._tile_probs with zero q/k: positive probs = visible': '''# Exercise 4.2
+import torch
+from course_utils.backward import _tile_probs
+def tile_visible(i0, j0, rows, cols):
+    p = _tile_probs(torch.zeros(rows, 1), torch.zeros(cols, 1), torch.zeros(rows), 1.0, True, i0, j0)
+    return p > 0
+''',
+        'contract.causal_mask built once at cell time, sliced per tile': '''# Exercise 4.2
+from course_utils.contract import causal_mask as _cm
+_FULL = _cm(4096, 4096)
+def tile_visible(i0, j0, rows, cols):
+    return _FULL[i0:i0 + rows, j0:j0 + cols].clone()
+''',
         "the course contract's causal_mask, sliced to the tile": '''# Exercise 4.2
 from course_utils.contract import causal_mask
 def tile_visible(i0, j0, rows, cols):
@@ -292,6 +305,25 @@ k_special = torch.cat([tile_keys * (t + 1) for t in range(4)], dim=2)
 ''',
     },
     "4.6": {
+        'course_utils.decoding.decode_attention_reference, no mask': '''# Exercise 4.6
+from course_utils.decoding import decode_attention_reference
+def decode_step(q_new, k_cache, v_cache):
+    return decode_attention_reference(q_new, k_cache, v_cache, is_causal=False)
+''',
+        'one max over the whole batch and keys, not per row': '''# Exercise 4.6
+import math, torch
+def decode_step(q_new, k_cache, v_cache):
+    hq, hkv = q_new.shape[1], k_cache.shape[1]
+    group = hq // hkv
+    outs = []
+    for h in range(hq):
+        kv = h // group
+        qh = q_new[:, h].float()
+        s = qh @ k_cache[:, kv].float().transpose(-1, -2) / math.sqrt(q_new.shape[-1])
+        p = torch.exp(s - s.max())
+        outs.append((p @ v_cache[:, kv].float() / p.sum(-1, keepdim=True)).to(q_new.dtype))
+    return torch.stack(outs, dim=1)
+''',
         "the decoding benchmark's grouped_torch_decode": '''# Exercise 4.6
 from course_utils.bench.decode import grouped_torch_decode
 def decode_step(q_new, k_cache, v_cache):

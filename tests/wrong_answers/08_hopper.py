@@ -152,6 +152,19 @@ def quantize_block(x):
     return x8[0, 0], s.reshape(-1)[0]''',
     },
     "8.4": {
+        'fp8.prepare_fp8 quantises (and rotates) the blocks instead of quantize_block': '''# Exercise 8.4
+def _round_trip_scores(hadamard):
+    prep = fp8.prepare_fp8(qb[None, None], kb[None, None], kb[None, None], hadamard=hadamard,
+                           block_m=64, block_n=64, kernel="triton")
+    q = prep["q8"].float()[0, 0] * prep["qs"][0, 0, 0]
+    k = prep["k8"].float()[0, 0] * prep["ks"][0, 0, 0]
+    return q @ k.T
+
+rmse_plain = fp8.rmse(_round_trip_scores(False), S)
+rmse_hadamard = fp8.rmse(_round_trip_scores(True), S)
+ratio_8_4 = rmse_plain / rmse_hadamard
+print(f"score RMSE: plain {rmse_plain:.3f}, Hadamard {rmse_hadamard:.3f}, ratio {ratio_8_4:.2f}")
+''',
         "rotates Q only": '''# Exercise 8.4
 def dq(x):
     x8, s = quantize_block(x)

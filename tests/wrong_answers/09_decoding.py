@@ -31,6 +31,19 @@ def intensity(q_heads, kv_heads, new_tokens, bytes_per_elem):
     return (2 * q_heads * new_tokens) / (2 * kv_heads * bytes_per_elem)''',
     },
     "9.3": {
+        'backward._tile_probs with offset nk - nq (library mask)': '''# Exercise 9.3
+import torch
+from course_utils.backward import _tile_probs
+def bottom_right_mask(nq, nk):
+    p = _tile_probs(torch.zeros(nq, 1), torch.zeros(nk, 1), torch.zeros(nq), 1.0, True, 0, 0, offset=nk - nq)
+    return p > 0
+''',
+        'contract.causal_mask (lower-right) built at cell time, sliced': '''# Exercise 9.3
+from course_utils.contract import causal_mask as _cm
+_FULL = _cm(2048, 2048)
+def bottom_right_mask(nq, nk):
+    return _FULL[nk - nq:nk, :nk].clone()
+''',
         "the course contract's causal_mask": '''# Exercise 9.3
 from course_utils.contract import causal_mask as _course_mask
 def bottom_right_mask(nq, nk):
@@ -112,6 +125,22 @@ def decode_attention_gqa(q, k_cache, v_cache):
     return (p @ v / p.sum(-1, keepdim=True)).to(q.dtype)''',
     },
     "9.5": {
+        'common max over chunks AND batch': '''# Exercise 9.5
+def merge_partials(m, l, acc):
+    m_all = m.amax(dim=(0, 1))
+    w = torch.exp(m - m_all)
+    l_all = (w * l).sum(dim=0)
+    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
+    return o, m_all + torch.log(l_all)
+''',
+        'common max over chunks AND query rows (not one per row)': '''# Exercise 9.5
+def merge_partials(m, l, acc):
+    m_all = m.amax(dim=(0, -1))[..., None]
+    w = torch.exp(m - m_all)
+    l_all = (w * l).sum(dim=0)
+    o = (w[..., None] * acc).sum(dim=0) / l_all[..., None]
+    return o, m_all + torch.log(l_all)
+''',
         "rescales l but not acc": '''# Exercise 9.5
 import torch
 def merge_partials(m, l, acc):

@@ -186,14 +186,20 @@ def _is_triton_kernel(obj) -> bool:
     return mod.startswith("triton.") and hasattr(obj, "run") and hasattr(obj, "__getitem__")
 
 
-def _kernel_module(obj) -> str | None:
+def _innermost(obj):
+    """What a Triton kernel wraps, innermost first: Autotuner / Heuristics wrap a
+    JITFunction in ``.fn``, which wraps the Python function in its own ``.fn``."""
     fn = obj
-    for _ in range(4):  # Autotuner / Heuristics wrap a JITFunction in .fn
+    for _ in range(6):
         inner = getattr(fn, "fn", None)
         if inner is None or inner is fn:
             break
         fn = inner
-    return getattr(fn, "__module__", None)
+    return fn
+
+
+def _kernel_module(obj) -> str | None:
+    return getattr(_innermost(obj), "__module__", None)
 
 
 _NO_ATTR = object()
@@ -204,12 +210,7 @@ _LAUNCH_WRAPPERS: dict = {}
 
 def _kernel_fn(obj):
     """The Python function under a Triton kernel (through Autotuner / Heuristics)."""
-    fn = obj
-    for _ in range(6):
-        inner = getattr(fn, "fn", None)
-        if inner is None or inner is fn:
-            break
-        fn = inner
+    fn = _innermost(obj)
     return fn if isinstance(fn, types.FunctionType) else None
 
 
@@ -1104,8 +1105,8 @@ def _install_hook():
         """The real path of a course module's source file, or None."""
         if not isinstance(filename, str):
             return None
-        real = source_cache.get(filename, _MISSING_SOURCE)
-        if real is _MISSING_SOURCE:
+        real = source_cache.get(filename, _NO_ATTR)
+        if real is _NO_ATTR:
             real = os.path.realpath(filename) if os.path.isabs(filename) else None
             if real is not None and not (real.endswith(".py") and
                                          real.startswith(course_dir + os.sep)):
@@ -1477,5 +1478,4 @@ def _guard_switches(getframe, busy, kind, refuse):
             pass
 
 
-_MISSING_SOURCE = object()
 _EXEMPT_VIEW = _install_hook()

@@ -206,6 +206,49 @@ _NO_ATTR = object()
 # id(wrapper) -> (wrapper, what the class held before) for the launch methods a forbid has
 # wrapped (see _refuse_kernel_copies); empty whenever no forbid is on
 _LAUNCH_WRAPPERS: dict = {}
+# the Python code of every kernel an active forbid refuses -> the tokens refusing it
+_KERNEL_CODES: dict = {}
+# (id(obj), attribute) -> [obj, what it held before any forbid, what getattr gave then,
+# [(forbid, value), ...]]: every attribute a forbid has replaced, with one entry per active
+# forbid, so forbids may end in any order (a notebook-wide one entered twice, the older one
+# collected first) and each end leaves the newest active value, or the original after the last
+_SWAPPED: dict = {}
+
+
+def _swap(obj, attr: str, owner, value) -> tuple:
+    """Set ``obj.attr = value`` on behalf of the forbid ``owner``; undone by :func:`_unswap`."""
+    key = (id(obj), attr)
+    entry = _SWAPPED.get(key)
+    if entry is None:
+        held = obj.__code__ if attr == "__code__" else vars(obj).get(attr, _NO_ATTR)
+        entry = _SWAPPED[key] = [obj, held, getattr(obj, attr, _NO_ATTR), []]
+    entry[3].append((owner, value))
+    setattr(obj, attr, value)
+    return key
+
+
+def _original(obj, attr: str):
+    """What ``getattr(obj, attr)`` gave before any active forbid replaced it."""
+    entry = _SWAPPED.get((id(obj), attr))
+    return getattr(obj, attr) if entry is None else entry[2]
+
+
+def _unswap(key: tuple, owner) -> None:
+    entry = _SWAPPED.get(key)
+    if entry is None:
+        return
+    obj, held, _, stack = entry
+    stack[:] = [(o, v) for o, v in stack if o is not owner]
+    attr = key[1]
+    if stack:
+        setattr(obj, attr, stack[-1][1])
+        return
+    del _SWAPPED[key]
+    if held is _NO_ATTR:
+        with contextlib.suppress(AttributeError, TypeError):
+            delattr(obj, attr)
+    else:
+        setattr(obj, attr, held)
 
 
 def _kernel_fn(obj):
@@ -214,29 +257,31 @@ def _kernel_fn(obj):
     return fn if isinstance(fn, types.FunctionType) else None
 
 
-def _refuse_kernel_copies(codes: dict) -> list:
+def _refuse_kernel_copies(codes: dict, owner) -> list:
     """Make every launch path of Triton refuse a kernel whose Python code is one of
     ``codes`` (code -> token): ``kernel[grid]``, ``kernel.run`` of a compiled or an
     interpreted kernel, and the interpreter's executor. Returns the changes made, for
-    :func:`forbid` to undo (in reverse order)."""
+    :func:`forbid` to undo. Every wrapper wraps Triton's own method and reads the table of
+    all active forbids' codes, so forbids that overlap may end in any order."""
     changes = []
+    for code, token in codes.items():
+        _KERNEL_CODES.setdefault(code, []).append(token)
+        changes.append(("code-table", code, token))
 
     def refused(fn):
-        t = codes.get(getattr(fn, "__code__", None))
-        if t is not None:
-            _refuse(t)
+        tokens = _KERNEL_CODES.get(getattr(fn, "__code__", None))
+        if tokens:
+            _refuse(tokens[-1])
 
     def patch(cls, name, make):
-        held = vars(cls).get(name, _NO_ATTR)
-        original = getattr(cls, name)
-        changes.append(("attr", cls, (name, held)))
-        wrapper = make(original)
+        held = _SWAPPED.get((id(cls), name), [None, vars(cls).get(name, _NO_ATTR)])[1]
+        wrapper = make(_original(cls, name))
         # what a launch does is unchanged for every other kernel: the grading hooks, which
         # compare a template kernel's launch path before and during a check, read through
         # the wrapper to what it wraps (an answer that adds to this table is tampering)
         _LAUNCH_WRAPPERS[id(wrapper)] = (wrapper, held)
         changes.append(("wrapper", None, id(wrapper)))
-        setattr(cls, name, wrapper)
+        changes.append(("swap", _swap(cls, name, owner, wrapper), None))
 
     def via_kernel(original):
         def wrapped(self, *a, **k):
@@ -542,6 +587,7 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     applied = []
     tokens = []
     seen = set()
+    me = object()               # this forbid, as the owner of what it swaps
     kernel_codes: dict = {}     # the Python code of every refused kernel -> its token
     try:
         for obj, label, what in swaps:
@@ -555,26 +601,26 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
             if what is not None:
                 _ACTIVE[token] = _message(exercise, label, what, asks)
             if isinstance(obj, types.FunctionType):
-                # the hook keeps the real code, and accepts this event from forbid only
-                sys.audit("course_utils.guards.register", token, _copy_function(obj),
-                          what is None)
-                applied.append(("code", obj, obj.__code__))
-                obj.__code__ = _stub_code(obj, token)
+                # the hook keeps the real code (the code before any forbid swapped it, so
+                # an overlapping forbid registers the function, not another's stub), and
+                # accepts this event from forbid only
+                real = _copy_function(obj)
+                real.__code__ = _original(obj, "__code__")
+                sys.audit("course_utils.guards.register", token, real, what is None)
+                applied.append(("swap", _swap(obj, "__code__", me, _stub_code(obj, token)),
+                                None))
             elif _is_triton_kernel(obj) and what is not None:
-                had = "run" in vars(obj)
-                applied.append(("run", obj, vars(obj).get("run") if had else None))
-
                 def _refusing_run(*a, _t=token, _o=obj, **k):
                     _refuse(_t)
                     return type(_o).run(_o, *a, **k)
-                obj.run = _refusing_run
+                applied.append(("swap", _swap(obj, "run", me, _refusing_run), None))
                 code = getattr(_kernel_fn(obj), "__code__", None)
                 if code is not None:
                     kernel_codes[code] = token
         if kernel_codes:
             # a kernel made afresh from a refused kernel's function (triton.jit(kernel.fn)),
             # or that function handed to the interpreter's executor, is the same kernel
-            applied.extend(_refuse_kernel_copies(kernel_codes))
+            applied.extend(_refuse_kernel_copies(kernel_codes, me))
         modes = []
         if api:
             modes.append(_FunctionGuard(api, exercise, asks))
@@ -591,22 +637,16 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
                 sys.audit("course_utils.guards.answer", -1)
     finally:
         for kind, obj, old in reversed(applied):
-            if kind == "code":
-                obj.__code__ = old
+            if kind == "swap":
+                _unswap(obj, me)
             elif kind == "wrapper":
                 _LAUNCH_WRAPPERS.pop(old, None)
-            elif kind == "attr":
-                name, held = old
-                if held is _NO_ATTR:
-                    with contextlib.suppress(AttributeError, TypeError):
-                        delattr(obj, name)
-                else:
-                    setattr(obj, name, held)
-            elif old is None:
-                with contextlib.suppress(AttributeError):
-                    del obj.run
-            else:
-                obj.run = old
+            elif kind == "code-table":
+                refusing = _KERNEL_CODES.get(obj, [])
+                with contextlib.suppress(ValueError):
+                    refusing.remove(old)
+                if not refusing:
+                    _KERNEL_CODES.pop(obj, None)
         for t in tokens:
             _ACTIVE.pop(t, None)
         sys.audit("course_utils.guards.release", tuple(tokens))

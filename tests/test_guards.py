@@ -92,6 +92,40 @@ def test_course_kernel_launch_is_refused():
     assert "run" not in vars(obj) or not getattr(obj.run, "__name__", "").startswith("_refusing")
 
 
+@pytest.mark.parametrize("order", ["newer first", "older first"])
+def test_overlapping_forbids_end_in_any_order(order):
+    """A notebook-wide forbid entered twice (a set-up cell run again) whose older copy is
+    collected first must leave no stub and no launch wrapper behind."""
+    import triton
+
+    from course_utils import attention, triton_intro
+    name = next(n for n, o in vars(triton_intro).items() if guards._is_triton_kernel(o))
+    kernel = getattr(triton_intro, name)
+    code = attention.naive_attention.__code__
+    getitem = vars(triton.runtime.jit.KernelInterface)["__getitem__"]
+    q, k, v = _qkv()
+    want = attention.naive_attention(q, k, v)
+    older = guards.forbid("reference-attention", "course-kernels")
+    newer = guards.forbid("reference-attention", "course-kernels")
+    older.__enter__()
+    newer.__enter__()
+    first, second = (newer, older) if order == "newer first" else (older, newer)
+    first.__exit__(None, None, None)
+    # the other forbid still refuses, under the function's name and on every launch path
+    with pytest.raises(ForbiddenCall, match="naive_attention"):
+        attention.naive_attention(q, k, v)
+    with pytest.raises(ForbiddenCall, match=name):
+        kernel[(1,)]()
+    with pytest.raises(ForbiddenCall, match=name):
+        triton.jit(guards._kernel_fn(kernel))[(1,)]()
+    second.__exit__(None, None, None)
+    assert attention.naive_attention.__code__ is code
+    torch.testing.assert_close(attention.naive_attention(q, k, v), want)
+    assert vars(triton.runtime.jit.KernelInterface)["__getitem__"] is getitem
+    assert "run" not in vars(kernel)
+    assert not guards._SWAPPED and not guards._KERNEL_CODES and not guards._LAUNCH_WRAPPERS
+
+
 def test_input_mutation_is_caught_and_reference_untouched():
     q, k, v = _qkv()
     v_before = v.clone()

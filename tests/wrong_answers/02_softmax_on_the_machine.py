@@ -112,6 +112,12 @@ def online_max_sum(x):
 ''',
     },
     "2.3": {
+        'safe_softmax_trace precomputed at cell time (outside the guard)': '''# Exercise 2.3
+from course_utils.machine.traces import safe_softmax_trace as _sst
+_TRACES = {n: _sst(n) for n in range(1, 65)}
+def safe_trace(n):
+    return _TRACES[n]
+''',
         "the library's safe_softmax_trace": '''# Exercise 2.3
 from course_utils.machine import safe_softmax_trace as safe_trace
 ''',
@@ -145,6 +151,13 @@ def safe_trace(n):
 ''',
     },
     "2.4": {
+        'online step sliced from a library trace computed at cell time': '''# Exercise 2.4
+from course_utils.machine.traces import online_softmax_trace as _ost
+_lines = _ost(2).split("\n")
+_STEP = "\n".join(_lines[_lines.index("# element 1") + 1:_lines.index("# pass 2: out[i] = exp(x_i - m) / S")])
+def online_step(i):
+    return _STEP.replace("x[1]", f"x[{i}]")
+''',
         "the library's step": '''# Exercise 2.4
 from course_utils.machine import _online_step as online_step
 ''',

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_utils import guards
+from course_utils import device, guards
 from course_utils.checks import CheckFailed
 from course_utils.guards import ForbiddenCall
 
@@ -276,8 +276,10 @@ def _row_sum_unmasked_load(x, o, n, BLOCK: tl.constexpr):
 
 
 def _launch(kernel, n=100, block=32, grid=None):
-    x, y = guards.Guarded(torch.randn(n)), guards.Guarded(torch.randn(n))
-    o = guards.Guarded.empty((n,))
+    # on the device the kernels compile for (the interpreter's CPU, or the GPU)
+    dev = device.DEVICE
+    x, y = guards.Guarded(torch.randn(n, device=dev)), guards.Guarded(torch.randn(n, device=dev))
+    o = guards.Guarded.empty((n,), device=dev)
     expected = 2.0 * x.tensor + y.tensor
     with guards.record_launches() as launched:
         kernel[(grid or triton.cdiv(n, block),)](x.tensor, y.tensor, o.tensor, n, 2.0, BLOCK=block)
@@ -298,8 +300,8 @@ def test_unmasked_store_is_named():
 
 def test_unmasked_load_is_named():
     # the last row reads past the end of x, into the guard region
-    x = guards.Guarded(torch.randn(3, 20))
-    o = guards.Guarded.empty((3,))
+    x = guards.Guarded(torch.randn(3, 20, device=device.DEVICE))
+    o = guards.Guarded.empty((3,), device=device.DEVICE)
     _row_sum_unmasked_load[(3,)](x.tensor, o.tensor, 20, BLOCK=32)
     with pytest.raises(CheckFailed, match="mask every load"):
         guards.check_kernel_output(o, x.tensor.sum(-1), inputs=[x], name="row sum")

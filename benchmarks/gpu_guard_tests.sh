@@ -6,11 +6,8 @@
 #     bash benchmarks/gpu_guard_tests.sh LOG_DIR DRAWS SET...      (e.g. ... 2 02 04 08 09)
 # Packages the GPU machine lacks come from ./.wheelhouse, as in gpu_verify.sh.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-logs=$1 draws=$2
-shift 2
-mkdir -p "$logs"
-extra=${COURSE_EXTRA_SITE:-/tmp/course-extra}
+cd "$(dirname "$0")/.." && mkdir -p "$1"
+logs=$1 extra=${COURSE_EXTRA_SITE:-/tmp/course-extra}
 if ! python3 -c "import nbval, ipywidgets, nbclient, xdist" 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" nbclient \
         nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout pytest-xdist \
@@ -23,7 +20,7 @@ python3 -m pytest -p no:cacheprovider -q -n 6 --dist load tests/test_guards.py \
     tests/test_guard_escapes.py tests/test_hostile_class.py tests/test_softmax.py \
     tests/test_widgets_machine.py >"$logs/guard_tests.txt" 2>&1 &
 tests=$!
-CATCH_TIMEOUT=${CATCH_TIMEOUT:-400} bash benchmarks/gpu_catch_rate.sh "$logs" "$draws" "$@"
+CATCH_TIMEOUT=${CATCH_TIMEOUT:-400} bash benchmarks/gpu_catch_rate.sh "$@"   # LOG_DIR DRAWS SET...
 catch=$?
 wait $tests
 t=$?

@@ -208,47 +208,15 @@ _NO_ATTR = object()
 _LAUNCH_WRAPPERS: dict = {}
 # the Python code of every kernel an active forbid refuses -> the tokens refusing it
 _KERNEL_CODES: dict = {}
-# (id(obj), attribute) -> [obj, what it held before any forbid, what getattr gave then,
-# [(forbid, value), ...]]: every attribute a forbid has replaced, with one entry per active
-# forbid, so forbids may end in any order (a notebook-wide one entered twice, the older one
-# collected first) and each end leaves the newest active value, or the original after the last
-_SWAPPED: dict = {}
-
-
-def _swap(obj, attr: str, owner, value) -> tuple:
-    """Set ``obj.attr = value`` on behalf of the forbid ``owner``; undone by :func:`_unswap`."""
-    key = (id(obj), attr)
-    entry = _SWAPPED.get(key)
-    if entry is None:
-        held = obj.__code__ if attr == "__code__" else vars(obj).get(attr, _NO_ATTR)
-        entry = _SWAPPED[key] = [obj, held, getattr(obj, attr, _NO_ATTR), []]
-    entry[3].append((owner, value))
-    setattr(obj, attr, value)
-    return key
-
-
-def _original(obj, attr: str):
-    """What ``getattr(obj, attr)`` gave before any active forbid replaced it."""
-    entry = _SWAPPED.get((id(obj), attr))
-    return getattr(obj, attr) if entry is None else entry[2]
-
-
-def _unswap(key: tuple, owner) -> None:
-    entry = _SWAPPED.get(key)
-    if entry is None:
-        return
-    obj, held, _, stack = entry
-    stack[:] = [(o, v) for o, v in stack if o is not owner]
-    attr = key[1]
-    if stack:
-        setattr(obj, attr, stack[-1][1])
-        return
-    del _SWAPPED[key]
-    if held is _NO_ATTR:
-        with contextlib.suppress(AttributeError, TypeError):
-            delattr(obj, attr)
-    else:
-        setattr(obj, attr, held)
+# What each forbid replaced (a function's code, a kernel's run, Triton's launch methods) is
+# kept by the audit hook (see _install_hook), out of any Python code's reach, as one stack
+# per attribute of the forbids holding it: forbids may end in any order (a notebook-wide one
+# entered twice, the older one collected first), and each end leaves the newest active
+# value, or the original after the last. forbid raises these events itself:
+#   course_utils.guards.original (obj, attr, out): out gets (what obj held itself, what
+#       getattr gave) before any active forbid replaced attr
+#   course_utils.guards.swap (obj, attr, forbid, value), course_utils.guards.unswap
+#       (obj, attr, forbid)
 
 
 def _kernel_fn(obj):
@@ -257,12 +225,14 @@ def _kernel_fn(obj):
     return fn if isinstance(fn, types.FunctionType) else None
 
 
-def _refuse_kernel_copies(codes: dict, owner) -> list:
+def _refuse_kernel_copies(codes: dict) -> tuple[list, list]:
     """Make every launch path of Triton refuse a kernel whose Python code is one of
     ``codes`` (code -> token): ``kernel[grid]``, ``kernel.run`` of a compiled or an
-    interpreted kernel, and the interpreter's executor. Returns the changes made, for
-    :func:`forbid` to undo. Every wrapper wraps Triton's own method and reads the table of
-    all active forbids' codes, so forbids that overlap may end in any order."""
+    interpreted kernel, and the interpreter's executor. Returns the changes made to the
+    table of refused code, for :func:`forbid` to undo, and ``(class, method, make)`` for
+    each launch method, for :func:`forbid` to replace by ``make(Triton's method)``. Every
+    wrapper wraps Triton's own method and reads the table of all active forbids' codes,
+    so forbids that overlap may end in any order."""
     changes = []
     for code, token in codes.items():
         _KERNEL_CODES.setdefault(code, []).append(token)
@@ -272,16 +242,6 @@ def _refuse_kernel_copies(codes: dict, owner) -> list:
         tokens = _KERNEL_CODES.get(getattr(fn, "__code__", None))
         if tokens:
             _refuse(tokens[-1])
-
-    def patch(cls, name, make):
-        held = _SWAPPED.get((id(cls), name), [None, vars(cls).get(name, _NO_ATTR)])[1]
-        wrapper = make(_original(cls, name))
-        # what a launch does is unchanged for every other kernel: the grading hooks, which
-        # compare a template kernel's launch path before and during a check, read through
-        # the wrapper to what it wraps (an answer that adds to this table is tampering)
-        _LAUNCH_WRAPPERS[id(wrapper)] = (wrapper, held)
-        changes.append(("wrapper", None, id(wrapper)))
-        changes.append(("swap", _swap(cls, name, owner, wrapper), None))
 
     def via_kernel(original):
         def wrapped(self, *a, **k):
@@ -297,14 +257,15 @@ def _refuse_kernel_copies(codes: dict, owner) -> list:
 
     jit = sys.modules.get("triton.runtime.jit")
     interp = sys.modules.get("triton.runtime.interpreter")
+    methods = []
     for mod, name, attr, make in ((jit, "KernelInterface", "__getitem__", via_kernel),
                                   (jit, "JITFunction", "run", via_kernel),
                                   (interp, "InterpretedFunction", "run", via_kernel),
                                   (interp, "GridExecutor", "__init__", via_executor)):
         cls = getattr(mod, name, None) if mod is not None else None
         if isinstance(cls, type) and hasattr(cls, attr):
-            patch(cls, attr, make)
-    return changes
+            methods.append((cls, attr, make))
+    return changes, methods
 
 
 def _resolve(spec: str):
@@ -601,26 +562,44 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
             if what is not None:
                 _ACTIVE[token] = _message(exercise, label, what, asks)
             if isinstance(obj, types.FunctionType):
-                # the hook keeps the real code (the code before any forbid swapped it, so
-                # an overlapping forbid registers the function, not another's stub), and
-                # accepts this event from forbid only
+                # the hook keeps the real code (the code before any forbid swapped it, so an
+                # overlapping forbid registers the function, not another's stub), and
+                # accepts these events from forbid only
+                before = []
+                sys.audit("course_utils.guards.original", obj, "__code__", before)
                 real = _copy_function(obj)
-                real.__code__ = _original(obj, "__code__")
+                real.__code__ = before[0][1]
                 sys.audit("course_utils.guards.register", token, real, what is None)
-                applied.append(("swap", _swap(obj, "__code__", me, _stub_code(obj, token)),
-                                None))
+                sys.audit("course_utils.guards.swap", obj, "__code__", me,
+                          _stub_code(obj, token))
+                applied.append(("swap", obj, "__code__"))
             elif _is_triton_kernel(obj) and what is not None:
                 def _refusing_run(*a, _t=token, _o=obj, **k):
                     _refuse(_t)
                     return type(_o).run(_o, *a, **k)
-                applied.append(("swap", _swap(obj, "run", me, _refusing_run), None))
+                sys.audit("course_utils.guards.swap", obj, "run", me, _refusing_run)
+                applied.append(("swap", obj, "run"))
                 code = getattr(_kernel_fn(obj), "__code__", None)
                 if code is not None:
                     kernel_codes[code] = token
         if kernel_codes:
             # a kernel made afresh from a refused kernel's function (triton.jit(kernel.fn)),
             # or that function handed to the interpreter's executor, is the same kernel
-            applied.extend(_refuse_kernel_copies(kernel_codes, me))
+            table, methods = _refuse_kernel_copies(kernel_codes)
+            applied.extend(table)
+            for cls, name, make in methods:
+                before = []
+                sys.audit("course_utils.guards.original", cls, name, before)
+                held, original = before[0]
+                wrapper = make(original)
+                # what a launch does is unchanged for every other kernel: the grading hooks,
+                # which compare a template kernel's launch path before and during a check,
+                # read through the wrapper to what it wraps (an answer that adds to this
+                # table is tampering)
+                _LAUNCH_WRAPPERS[id(wrapper)] = (wrapper, held)
+                applied.append(("wrapper", None, id(wrapper)))
+                sys.audit("course_utils.guards.swap", cls, name, me, wrapper)
+                applied.append(("swap", cls, name))
         modes = []
         if api:
             modes.append(_FunctionGuard(api, exercise, asks))
@@ -638,7 +617,7 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     finally:
         for kind, obj, old in reversed(applied):
             if kind == "swap":
-                _unswap(obj, me)
+                sys.audit("course_utils.guards.unswap", obj, old, me)
             elif kind == "wrapper":
                 _LAUNCH_WRAPPERS.pop(old, None)
             elif kind == "code-table":
@@ -1239,6 +1218,36 @@ def _install_hook():
         raise GuardEscape(f"your answer {what}. Checks run your code under guards that it may "
                           "not reach around; compute the answer from the inputs you are given.")
 
+    # (id(obj), attribute) -> [obj, what obj held itself before any forbid, what getattr
+    # gave then, [(forbid, value), ...]]: see the comment above _KERNEL_CODES
+    swapped: dict = {}
+
+    def _swapping(name, args):
+        obj, attr = args[0], args[1]
+        key = (id(obj), attr)
+        entry = swapped.get(key)
+        if entry is None and name != "unswap":
+            held = obj.__code__ if attr == "__code__" else vars(obj).get(attr, _NO_ATTR)
+            entry = [obj, held, getattr(obj, attr, _NO_ATTR), []]
+        if name == "original":
+            args[2].append((entry[1], entry[2]))
+        elif name == "swap":
+            swapped[key] = entry
+            entry[3].append(args[2:4])
+            setattr(obj, attr, args[3])
+        elif entry is not None:
+            stack = entry[3]
+            stack[:] = [pair for pair in stack if pair[0] is not args[2]]
+            if stack:
+                setattr(obj, attr, stack[-1][1])
+                return
+            del swapped[key]
+            if entry[1] is _NO_ATTR:
+                with contextlib.suppress(AttributeError, TypeError):
+                    delattr(obj, attr)
+            else:
+                setattr(obj, attr, entry[1])
+
     def hook(event, args):
         if getattr(busy, "on", False):
             return
@@ -1262,7 +1271,9 @@ def _install_hook():
                     if c.co_filename == forbid_code.co_filename and c.co_name == "forbid":
                         return  # the guard module imported again: its own hook answers
                     raise GuardEscape(f"the guard's event {event} was raised outside the guard")
-                if name == "answer":
+                if name in ("original", "swap", "unswap"):
+                    _swapping(name, args)
+                elif name == "answer":
                     active[0] += args[0]
                 elif name == "register":
                     token, fn, ok = args

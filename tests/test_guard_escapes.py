@@ -296,6 +296,48 @@ def test_reading_the_guard_internals_is_refused_in_an_answer():
         guards.run_answer(answer, torch.zeros(1), forbid=("softmax",))
 
 
+def test_what_a_forbid_swapped_is_out_of_an_answers_reach():
+    """The real code of a guarded function, and the stack of forbids holding it, live in the
+    audit hook: no table of the guard module holds that code, and an answer that raises the
+    guard's own events (to put the real code back, or to drop the forbid holding it) is
+    refused."""
+    import types
+
+    from course_utils import attention
+    q = torch.randn(1, 1, 4, 4)
+    g = sys.modules["course_utils.guards"]
+
+    def held_codes(x, seen):
+        if isinstance(x, types.CodeType):
+            return [x]
+        if id(x) in seen or not isinstance(x, (dict, list, tuple, set)):
+            return []
+        seen.add(id(x))
+        items = x.items() if isinstance(x, dict) else enumerate(x)
+        return [c for k, v in items for c in held_codes(k, seen) + held_codes(v, seen)]
+
+    def look(q):
+        codes = [c for v in vars(g).values() for c in held_codes(v, set())]
+        assert not [c for c in codes if c.co_name == "naive_attention"]
+        return q
+
+    def forge_unswap(q):
+        sys.audit("course_utils.guards.unswap", attention.naive_attention, "__code__", object())
+        return attention.naive_attention(q, q, q)
+
+    def forge_swap(q):
+        sys.audit("course_utils.guards.swap", attention.naive_attention, "__code__", object(),
+                  (lambda q, k, v: q).__code__)
+        return attention.naive_attention(q, q, q)
+
+    guards.run_answer(look, q, forbid=("reference-attention",))
+    for answer in (forge_unswap, forge_swap):
+        with pytest.raises(guards.GuardEscape, match="outside the guard"):
+            guards.run_answer(answer, q, forbid=("reference-attention",))
+    torch.testing.assert_close(attention.naive_attention(q, q, q),
+                               torch.nn.functional.scaled_dot_product_attention(q, q, q))
+
+
 def test_library_code_may_still_inspect_frames_inside_an_answer():
     import warnings
 

@@ -8,7 +8,9 @@ in one run.
 
 ``--ws both`` also times the current kernel with Triton's automatic warp specialisation of
 its key loop (the kernel's ``WS`` switch), as the row ``new+ws``; ``--lazy both`` with the
-conditional rescaling of the running maximum (the ``LAZY`` switch), as the row ``new+lazy``.
+conditional rescaling of the running maximum (the ``LAZY`` switch), as the row ``new+lazy``;
+``--pipe both`` with the scores computed one tile ahead of the softmax (the ``PIPE`` switch),
+as the row ``new+pipe``.
 Every variant runs back to back for ``--settle`` milliseconds before it is timed (the GPU's
 clock under its power cap depends on the kernel; ``course_utils.bench.common.settle``).
 
@@ -71,14 +73,18 @@ def main(argv=None):
                     help="the current kernel without / with warp specialisation, or both")
     ap.add_argument("--lazy", choices=("off", "on", "both"), default="off",
                     help="the current kernel without / with lazy rescaling, or both")
+    ap.add_argument("--pipe", choices=("off", "on", "both"), default="off",
+                    help="the current kernel without / with the scores one tile ahead, or both")
     common.add_settle_option(ap)
     args = ap.parse_args(argv)
     import course_utils.triton_attention as cur
     mods = []
-    for ws in {"off": [False], "on": [True], "both": [False, True]}[args.ws]:
-        for lazy in {"off": [False], "on": [True], "both": [False, True]}[args.lazy]:
-            label = "new" + "+ws" * ws + "+lazy" * lazy
-            mods.append((label, cur, True, dict(WS=ws, LAZY=lazy)))
+    choice = {"off": [False], "on": [True], "both": [False, True]}
+    for ws in choice[args.ws]:
+        for lazy in choice[args.lazy]:
+            for pipe in choice[args.pipe]:
+                label = "new" + "+ws" * ws + "+lazy" * lazy + "+pipe" * pipe
+                mods.append((label, cur, True, dict(WS=ws, LAZY=lazy, PIPE=pipe)))
     if args.baseline:
         mods.insert(0, ("old", common.load_file(args.baseline, "old_triton_attention"), False, {}))
     configs = CONFIGS if not args.configs else [

@@ -294,6 +294,53 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
     return acc, l_i, m_i
 
 
+@triton.jit
+def _load_tile(base, start_n, stride, off, offs_d, D, PAD_D: tl.constexpr):
+    """One whole key (or value) tile at row ``start_n``: every row is in range."""
+    ptrs = base + tl.cast(start_n, tl.int64) * stride + off
+    if PAD_D:
+        return tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _unmasked_update(acc, l_i, m_i, qk, v, qk_scale, UPCAST: tl.constexpr,
+                     POS_SCALE: tl.constexpr):
+    """The online-softmax step of one whole, visible tile of raw scores ``qk``."""
+    if POS_SCALE:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
+    p = tl.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_tiles_ahead(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_d, D,
+                     lo, hi, qk_scale, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                     UPCAST: tl.constexpr, POS_SCALE: tl.constexpr):
+    """The unmasked tiles ``[lo, hi)`` with the scores one tile ahead (the ``PIPE``
+    switch): each step first starts ``Q K^T`` of the next tile, then runs the softmax
+    and ``P V`` of the current one, so that the tensor cores can work on the next
+    product while the same warps compute exponentials (FlashAttention-3's overlap
+    within a warpgroup). Two score tiles are live at once instead of one."""
+    if lo < hi:
+        qk = _mm(q, tl.trans(_load_tile(k_base, lo, skn, k_off, offs_d, D, PAD_D)), UPCAST)
+        for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
+            k = _load_tile(k_base, start_n, skn, k_off, offs_d, D, PAD_D)
+            qk_next = _mm(q, tl.trans(k), UPCAST)
+            v = _load_tile(v_base, start_n - BLOCK_N, svn, v_off, offs_d, D, PAD_D)
+            acc, l_i, m_i = _unmasked_update(acc, l_i, m_i, qk, v, qk_scale, UPCAST, POS_SCALE)
+            qk = qk_next
+        v = _load_tile(v_base, hi - BLOCK_N, svn, v_off, offs_d, D, PAD_D)
+        acc, l_i, m_i = _unmasked_update(acc, l_i, m_i, qk, v, qk_scale, UPCAST, POS_SCALE)
+    return acc, l_i, m_i
+
+
 @_jit
 def _attn_fwd_kernel(Q, K, V, O, LSE,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
@@ -301,7 +348,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr = False,
-                     LAZY: tl.constexpr = False):
+                     LAZY: tl.constexpr = False, PIPE: tl.constexpr = False):
     # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig).
     # With CAUSAL, key j is visible to query i when j <= i + DIAG (DIAG = 0: SDPA's
     # top-left mask; DIAG = NK - NQ: the bottom-right mask of decoding).
@@ -345,9 +392,14 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     else:
         mid = nk_full
         hi = NK
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
-                               offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
-                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)
+    if PIPE:
+        acc, l_i, m_i = _fwd_tiles_ahead(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn,
+                                         svn, offs_d, D, 0, mid, qk_scale, BLOCK_N, PAD_D,
+                                         UPCAST, POS_SCALE)
+    else:
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
+                                   offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
+                                   BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
                                offs_m, offs_n, offs_d, D, NK, DIAG, mid, hi, qk_scale,
                                BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)

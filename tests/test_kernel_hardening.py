@@ -140,6 +140,28 @@ def test_lazy_rescaling_matches_the_reference_whether_or_not_it_rescales(causal)
         torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [16, 32, 48, 100, 160])
+def test_scores_one_tile_ahead_match_the_reference(causal, n):
+    # PIPE: each step starts the next tile's Q K^T before this tile's softmax. Lengths
+    # with no unmasked tile (16), exactly one (32: the loop body never runs), several,
+    # and a ragged tail that the masked loop finishes; scores that grow from tile to
+    # tile so that every step rescales, in float16 where a missed rescale overflows.
+    d = 16
+    q = _rand(1, 2, n, d, seed=11)
+    k = _rand(1, 2, n, d, seed=12)
+    k[..., 0] = torch.arange(n, device=DEV).div(16, rounding_mode="floor") * 3.0
+    q[..., 0] = 1.5
+    v = _rand(1, 2, n, d, seed=13)
+    q, k, v = q.half(), k.half(), v.half()
+    ref, ref_lse = _masked_ref(q, k, v, 0 if causal else n)
+    o, lse = _fwd_switches(q, k, v, causal, PIPE=True)
+    torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
+    o_plain, lse_plain = _fwd_switches(q, k, v, causal)
+    torch.testing.assert_close(o, o_plain, atol=2e-3, rtol=2e-3)
+
+
 def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():
     q, k, v = _rand(3, 4, 2, 16, seed=4), _rand(3, 2, 64, 16, seed=5), _rand(3, 2, 64, 16, seed=6)
     lens = torch.tensor([0, 1, 40], dtype=torch.int32, device=DEV)

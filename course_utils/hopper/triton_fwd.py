@@ -55,15 +55,20 @@ def _inner(acc, l_i, m_i, q, k_desc, v_desc, kv_row, offs_m, lo, hi, Nk, qk_scal
     # One pass over key blocks [lo, hi): the online softmax of lessons 2-4 in base 2.
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPEC):
         k = k_desc.load([kv_row + start_n, 0])
-        s = tl.dot(q, k.T) * qk_scale
+        qk = tl.dot(q, k.T)
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
             keep = offs_n[None, :] < Nk
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
-            s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+            s = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            # the (positive) scale commutes with the max, so each score costs one
+            # fused multiply-add, as in lesson 6
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]

@@ -9,8 +9,8 @@ in one run.
 ``--ws both`` also times the current kernel with Triton's automatic warp specialisation of
 its key loop (the kernel's ``WS`` switch), as the row ``new+ws``; ``--lazy both`` with the
 conditional rescaling of the running maximum (the ``LAZY`` switch), as the row ``new+lazy``;
-``--pipe both`` with the scores computed one tile ahead of the softmax (the ``PIPE`` switch),
-as the row ``new+pipe``.
+``--desc both`` with K and V read through tensor descriptors (the ``DESC`` switch, sm90), as
+the row ``new+desc``.
 Every variant runs back to back for ``--settle`` milliseconds before it is timed (the GPU's
 clock under its power cap depends on the kernel; ``course_utils.bench.common.settle``).
 
@@ -73,8 +73,9 @@ def main(argv=None):
                     help="the current kernel without / with warp specialisation, or both")
     ap.add_argument("--lazy", choices=("off", "on", "both"), default="off",
                     help="the current kernel without / with lazy rescaling, or both")
-    ap.add_argument("--pipe", choices=("off", "on", "both"), default="off",
-                    help="the current kernel without / with the scores one tile ahead, or both")
+    ap.add_argument("--desc", choices=("off", "on", "both"), default="off",
+                    help="the current kernel without / with K and V through tensor "
+                         "descriptors, or both")
     common.add_settle_option(ap)
     args = ap.parse_args(argv)
     import course_utils.triton_attention as cur
@@ -82,9 +83,12 @@ def main(argv=None):
     choice = {"off": [False], "on": [True], "both": [False, True]}
     for ws in choice[args.ws]:
         for lazy in choice[args.lazy]:
-            for pipe in choice[args.pipe]:
-                label = "new" + "+ws" * ws + "+lazy" * lazy + "+pipe" * pipe
-                mods.append((label, cur, True, dict(WS=ws, LAZY=lazy, PIPE=pipe)))
+            for desc in choice[args.desc]:
+                label = "new" + "+ws" * ws + "+lazy" * lazy + "+desc" * desc
+                mods.append((label, cur, True, dict(WS=ws, LAZY=lazy, DESC=desc)))
+    if args.desc != "off":
+        import triton
+        triton.set_allocator(cur._scratch)            # descriptors made on the device
     if args.baseline:
         mods.insert(0, ("old", common.load_file(args.baseline, "old_triton_attention"), False, {}))
     configs = CONFIGS if not args.configs else [

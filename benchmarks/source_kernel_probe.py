@@ -205,6 +205,10 @@ def main(argv=None):
                     if len(key) >= 4 and key[0] == n and key[1] == d:
                         tag = "source_ws" if key[3] else "source"
                         row[f"{tag}_config"] = str(cfg)
+                from course_utils import triton_attention as ta
+                for key, cfg in ta._attn_fwd.cache.items():
+                    if key[:4] == (ta.length_bucket(n), ta.length_bucket(n), d, causal):
+                        row["lesson6_config"] = str(cfg)
                 if getattr(tuned, "configs_timings", None):
                     row["source_last_tuning"] = {str(c): (t if isinstance(t, float) else
                                                           list(t) if hasattr(t, "__iter__") else t)

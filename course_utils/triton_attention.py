@@ -91,17 +91,25 @@ def fwd_configs():
     """Tile shapes tried for the forward: (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     if device.INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    # measured on an H100 (benchmarks/<device>/ablation_fwd.md): 128 x 128 tiles with 8
-    # warps and 3 stages win at D = 128, 128 x 64 with 8 warps at D = 64; 4-warp and
-    # 2-stage variants never won. 64 x 64 stays for head dim 256 (see _fits).
+    # measured on an H100 (benchmarks/<device>/ablation.md): with pointer loads, 128 x 128
+    # tiles with 8 warps and 3 stages win at D = 128, 128 x 64 with 8 warps at D = 64;
+    # 4-warp and 2-stage variants never won. 64 x 64 stays for head dim 256 (see _fits).
     shapes = [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 2)]
     if not _AUTOTUNE:
         shapes = [(64, 64, 4, 2)]
     # last, for rows of 1 KiB (float32 at head dim 256), which nothing above holds in
     # shared memory (64 x 64 tiles in two stages need 320 KiB; an H100 has 227 KiB)
     shapes.append(_SMALL["fwd"])
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n, w, s in shapes]
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+               for m, n, w, s in shapes]
+    if _AUTOTUNE and device.CAPABILITY is not None and device.CAPABILITY >= (9, 0):
+        # with K and V through tensor descriptors (DESC), a 128 x 64 tile fits one
+        # warpgroup's registers, and in two stages two programs share a multiprocessor:
+        # on an H200 the fastest shape at head dim 128 (benchmarks/<device>/ablation.md).
+        # With pointer loads the same shape spills. Tried only where _desc_ok holds.
+        configs.insert(0, triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "DESC": True},
+                                        num_warps=4, num_stages=2))
+    return configs
 
 
 # the one tile shape of each kernel for rows of 1 KiB or more (see _fits)
@@ -153,16 +161,22 @@ def _fits(configs, named_args, **kwargs):
     or more (float32 at head dim 256) get only the small single-stage shape; rows of
     512 bytes (head dim 256 in 16 bits, 128 in float32) drop the shapes larger than
     64 x 64 x 2 and those with more than three stages; without autotuning (two shapes
-    listed), the first that fits."""
+    listed), the first that fits. The descriptor shape (``DESC``) only when the call's
+    ``DESC_OK`` says K and V can be read that way."""
     d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
     q = named_args.get("Q")
     row = (d or 0) * (q.element_size() if hasattr(q, "element_size") else 2)
+    if row >= 512 or not kwargs.get("DESC_OK", named_args.get("DESC_OK")):
+        # the descriptor shape only where it may run, and not for rows of 512 bytes
+        # (its one warpgroup would hold a 128 x 256 float32 accumulator: spills)
+        configs = [c for c in configs if not c.kwargs.get("DESC")]
     small = [c for c in configs if _is_small(c)]
     rest = [c for c in configs if not _is_small(c)]
     if row >= 1024 or not rest:
         return small[:1] or configs[-1:]
     if row >= 512:
-        rest = [c for c in rest if math.prod(v for v in c.kwargs.values()) <= 64 * 64 * 2
+        rest = [c for c in rest if math.prod(v for k, v in c.kwargs.items()
+                                             if k.startswith("BLOCK")) <= 64 * 64 * 2
                 and c.num_stages <= 3] or rest[-1:]
     return rest if _AUTOTUNE else rest[:1]
 
@@ -186,7 +200,7 @@ def _tuned(configs, key):
 def _jit(fn):
     import inspect
     names = [n for n in ("HQ", "HKV", "GROUP", "NQ", "NK", "D", "DIAG", "CAUSAL_OFF",
-                         "NQ_BUCKET", "NK_BUCKET")
+                         "NQ_BUCKET", "NK_BUCKET", "DESC_OK")
              if n in inspect.signature(fn).parameters]
     return triton.jit(do_not_specialize=names)(fn)
 
@@ -217,7 +231,8 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
                D, NK, DIAG, lo, hi, qk_scale,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                PAD_D: tl.constexpr, UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
-               WS: tl.constexpr = False, LAZY: tl.constexpr = False):
+               WS: tl.constexpr = False, LAZY: tl.constexpr = False,
+               DESC: tl.constexpr = False):
     """Stream key/value tiles ``[lo, hi)`` past the running state of one query tile.
     ``MASKED=False``: every key of every tile is visible, so no comparison is made.
     ``WS``: ask Triton to warp-specialise the loop (loads in warps of their own); off,
@@ -233,19 +248,25 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
 
     ``k_base``/``v_base`` point at the head's first key; the tile at ``start_n`` starts
     ``start_n * stride`` elements further, a 64-bit scalar, while the offsets inside a
-    tile (``k_off``, ``v_off``) stay small 32-bit numbers computed once."""
+    tile (``k_off``, ``v_off``) stay small 32-bit numbers computed once.
+    ``DESC``: ``k_base``/``v_base`` are the head's tensor descriptors instead, and a tile
+    is one ``load([start_n, 0])``: rows past the keys and columns past the head dim come
+    back as zeros, so no mask is needed (see :func:`_attn_fwd_kernel`)."""
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
-        k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_off
-        v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_off
-        if MASKED:
-            ok = (start_n + offs_n)[:, None] < NK
-            if PAD_D:
-                ok = ok & (offs_d[None, :] < D)
-            k = tl.load(k_ptrs, mask=ok, other=0.0)
-        elif PAD_D:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        if DESC:
+            k = k_base.load([start_n, 0])
         else:
-            k = tl.load(k_ptrs)
+            k_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + k_off
+            v_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + v_off
+            if MASKED:
+                ok = (start_n + offs_n)[:, None] < NK
+                if PAD_D:
+                    ok = ok & (offs_d[None, :] < D)
+                k = tl.load(k_ptrs, mask=ok, other=0.0)
+            elif PAD_D:
+                k = tl.load(k_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            else:
+                k = tl.load(k_ptrs)
         qk = _mm(q, tl.trans(k), UPCAST)                    # raw scores Q K^T
         if MASKED:
             cols = start_n + offs_n
@@ -278,7 +299,9 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
                 m_new = tl.maximum(m_i, m_blk)
                 p = tl.exp2(qk * qk_scale - m_new[:, None])
                 alpha = tl.exp2(m_i - m_new)
-        if MASKED:
+        if DESC:
+            v = v_base.load([start_n, 0])
+        elif MASKED:
             v = tl.load(v_ptrs, mask=ok, other=0.0)
         elif PAD_D:
             v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
@@ -294,53 +317,6 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_m,
     return acc, l_i, m_i
 
 
-@triton.jit
-def _load_tile(base, start_n, stride, off, offs_d, D, PAD_D: tl.constexpr):
-    """One whole key (or value) tile at row ``start_n``: every row is in range."""
-    ptrs = base + tl.cast(start_n, tl.int64) * stride + off
-    if PAD_D:
-        return tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
-    else:
-        return tl.load(ptrs)
-
-
-@triton.jit
-def _unmasked_update(acc, l_i, m_i, qk, v, qk_scale, UPCAST: tl.constexpr,
-                     POS_SCALE: tl.constexpr):
-    """The online-softmax step of one whole, visible tile of raw scores ``qk``."""
-    if POS_SCALE:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    else:
-        m_new = tl.maximum(m_i, tl.min(qk, 1) * qk_scale)
-    p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _fwd_tiles_ahead(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn, offs_d, D,
-                     lo, hi, qk_scale, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
-                     UPCAST: tl.constexpr, POS_SCALE: tl.constexpr):
-    """The unmasked tiles ``[lo, hi)`` with the scores one tile ahead (the ``PIPE``
-    switch): each step first starts ``Q K^T`` of the next tile, then runs the softmax
-    and ``P V`` of the current one, so that the tensor cores can work on the next
-    product while the same warps compute exponentials (FlashAttention-3's overlap
-    within a warpgroup). Two score tiles are live at once instead of one."""
-    if lo < hi:
-        qk = _mm(q, tl.trans(_load_tile(k_base, lo, skn, k_off, offs_d, D, PAD_D)), UPCAST)
-        for start_n in tl.range(lo + BLOCK_N, hi, BLOCK_N):
-            k = _load_tile(k_base, start_n, skn, k_off, offs_d, D, PAD_D)
-            qk_next = _mm(q, tl.trans(k), UPCAST)
-            v = _load_tile(v_base, start_n - BLOCK_N, svn, v_off, offs_d, D, PAD_D)
-            acc, l_i, m_i = _unmasked_update(acc, l_i, m_i, qk, v, qk_scale, UPCAST, POS_SCALE)
-            qk = qk_next
-        v = _load_tile(v_base, hi - BLOCK_N, svn, v_off, offs_d, D, PAD_D)
-        acc, l_i, m_i = _unmasked_update(acc, l_i, m_i, qk, v, qk_scale, UPCAST, POS_SCALE)
-    return acc, l_i, m_i
-
-
 @_jit
 def _attn_fwd_kernel(Q, K, V, O, LSE,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
@@ -348,7 +324,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                      HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                      UPCAST: tl.constexpr, POS_SCALE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr = False,
-                     LAZY: tl.constexpr = False, PIPE: tl.constexpr = False):
+                     LAZY: tl.constexpr = False, DESC: tl.constexpr = False, DESC_OK=0):
     # strides along the head dim are 1: the wrapper passes them as such (see _inner_contig).
     # With CAUSAL, key j is visible to query i when j <= i + DIAG (DIAG = 0: SDPA's
     # top-left mask; DIAG = NK - NQ: the bottom-right mask of decoding).
@@ -376,6 +352,15 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     q = tl.load(Q + q_tile + in_q, mask=row_ok, other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
+    if DESC:
+        # DESC (a tile shape the autotuner may pick on sm90 when DESC_OK, see
+        # _desc_ok): K and V tiles come through tensor descriptors of this head, which
+        # the TMA unit fills without per-thread address arithmetic. The registers that
+        # saves let one warpgroup hold a 128-row tile, two programs a multiprocessor.
+        k_base = tl.make_tensor_descriptor(k_base, shape=[NK, D], strides=[skn, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        v_base = tl.make_tensor_descriptor(v_base, shape=[NK, D], strides=[svn, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
     k_off = offs_n[:, None] * skn + offs_d[None, :]
     v_off = offs_n[:, None] * svn + offs_d[None, :]
 
@@ -392,17 +377,14 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     else:
         mid = nk_full
         hi = NK
-    if PIPE:
-        acc, l_i, m_i = _fwd_tiles_ahead(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn,
-                                         svn, offs_d, D, 0, mid, qk_scale, BLOCK_N, PAD_D,
-                                         UPCAST, POS_SCALE)
-    else:
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
-                                   offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
-                                   BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
+                               offs_m, offs_n, offs_d, D, NK, DIAG, 0, mid, qk_scale,
+                               BLOCK_N, False, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY,
+                               DESC)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, k_off, v_off, skn, svn,
                                offs_m, offs_n, offs_d, D, NK, DIAG, mid, hi, qk_scale,
-                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY)
+                               BLOCK_N, True, CAUSAL, PAD_D, UPCAST, POS_SCALE, WS, LAZY,
+                               DESC)
     # a row that sees no key at all: output 0 and lse -inf (SDPA gives NaN there)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -414,7 +396,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     tl.store(LSE + bh.to(tl.int64) * NQ + offs_m, lse, mask=offs_m < NQ)
 
 
-_FWD_KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D"]
+_FWD_KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D", "DESC_OK"]
 _attn_fwd = _tuned(fwd_configs(), _FWD_KEY)(_attn_fwd_kernel)
 
 
@@ -695,6 +677,9 @@ def _launch_fwd(q, k, v, sh, causal, diag=0):
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((sh.B, sh.Hq, sh.Nq), dtype=torch.float32, device=q.device)
     hd = padded_head_dim(sh.D)
+    desc_ok = _desc_ok(k, v)
+    if desc_ok:
+        triton.set_allocator(_scratch)
 
     def grid(meta):
         return (triton.cdiv(sh.Nq, meta["BLOCK_M"]), sh.B * sh.Hq)
@@ -705,8 +690,32 @@ def _launch_fwd(q, k, v, sh, causal, diag=0):
                     sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, int(diag), sh.scale * LOG2E,
                     length_bucket(sh.Nq), length_bucket(sh.Nk),
                     HEAD_DIM=hd, CAUSAL=bool(causal), PAD_D=hd != sh.D,
-                    UPCAST=_upcast(q), POS_SCALE=sh.scale >= 0)
+                    UPCAST=_upcast(q), POS_SCALE=sh.scale >= 0, DESC_OK=int(desc_ok))
     return o, lse
+
+
+def _tma_readable(t) -> bool:
+    """Whether the TMA unit can read tiles of the ``(B, H, N, D)`` tensor ``t`` through a
+    descriptor per head: 16-bit elements, a 16-byte aligned start, the last stride 1,
+    every other stride and the row itself a multiple of 16 bytes."""
+    es = t.element_size()
+    return (t.dtype in (torch.float16, torch.bfloat16) and t.data_ptr() % 16 == 0
+            and t.stride(3) == 1 and t.shape[3] * es % 16 == 0
+            and all(t.stride(i) * es % 16 == 0 for i in range(3)))
+
+
+def _desc_ok(k, v) -> bool:
+    """Whether the forward may read K and V through tensor descriptors (the ``DESC``
+    tile shape): an sm90 GPU or newer, autotuning on, and both tensors
+    :func:`_tma_readable`. Anything else keeps the pointer loads."""
+    return (_AUTOTUNE and k.is_cuda and device.CAPABILITY is not None
+            and device.CAPABILITY >= (9, 0) and _tma_readable(k) and _tma_readable(v))
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for the descriptors a kernel makes on the device."""
+    return torch.empty(size, dtype=torch.int8, device=torch.device("cuda",
+                                                                   torch.cuda.current_device()))
 
 
 def triton_attention_forward(q, k, v, *, is_causal=False, scale=None, enable_gqa=False,

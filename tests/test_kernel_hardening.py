@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from course_utils import device
+import triton  # noqa: E402  (after course_utils.device: the interpreter switch)
 from course_utils import triton_attention as ta
 from course_utils.attention import naive_attention
 from course_utils.decoding import decode_attention_reference, gather_paged_cache
@@ -140,26 +141,95 @@ def test_lazy_rescaling_matches_the_reference_whether_or_not_it_rescales(causal)
         torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
 
 
+# ------------------------------------------- K and V through tensor descriptors (DESC)
+def _fwd_desc(q, k, v, causal, d, desc, group=1, diag=0, tile=(32, 16, 4, 1)):
+    """The forward kernel launched directly, ``tile`` = (BLOCK_M, BLOCK_N, warps, stages),
+    head dim ``d`` padded to a power of two, K and V through descriptors (``desc``) or
+    pointers."""
+    bm, bn, warps, stages = tile
+    b, hq, nq, _ = q.shape
+    nk = k.shape[2]
+    hd = ta.padded_head_dim(d)
+    o, lse = torch.empty_like(q), torch.empty(b, hq, nq, device=q.device)
+    st = [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3]]
+    if q.is_cuda:
+        triton.set_allocator(ta._scratch)         # descriptors made on the device
+    ta._attn_fwd_kernel[((nq + bm - 1) // bm, b * hq)](
+        q, k, v, o, lse, *st, hq, group, nq, nk, d, diag, d ** -0.5 * ta.LOG2E,
+        ta.length_bucket(nq), ta.length_bucket(nk), HEAD_DIM=hd, CAUSAL=causal,
+        PAD_D=hd != d, UPCAST=False, POS_SCALE=True, BLOCK_M=bm, BLOCK_N=bn, DESC=desc,
+        num_warps=warps, num_stages=stages)
+    return o, lse
+
+
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n", [16, 32, 48, 100, 160])
-def test_scores_one_tile_ahead_match_the_reference(causal, n):
-    # PIPE: each step starts the next tile's Q K^T before this tile's softmax. Lengths
-    # with no unmasked tile (16), exactly one (32: the loop body never runs), several,
-    # and a ragged tail that the masked loop finishes; scores that grow from tile to
-    # tile so that every step rescales, in float16 where a missed rescale overflows.
-    d = 16
-    q = _rand(1, 2, n, d, seed=11)
-    k = _rand(1, 2, n, d, seed=12)
-    k[..., 0] = torch.arange(n, device=DEV).div(16, rounding_mode="floor") * 3.0
-    q[..., 0] = 1.5
-    v = _rand(1, 2, n, d, seed=13)
-    q, k, v = q.half(), k.half(), v.half()
-    ref, ref_lse = _masked_ref(q, k, v, 0 if causal else n)
-    o, lse = _fwd_switches(q, k, v, causal, PIPE=True)
+@pytest.mark.parametrize("nq, nk, d, group", [(64, 64, 16, 1), (40, 56, 24, 1), (33, 70, 16, 2),
+                                              (48, 20, 8, 1)])
+def test_tiles_through_descriptors_match_the_reference(causal, nq, nk, d, group):
+    # key lengths off a multiple of the tile (the descriptor fills the rows past the keys
+    # with zeros), head dims below the padded tile (24 in 32, 8 in 16: zero columns),
+    # grouped heads (K and V of a head shared by two query heads), bottom-right causal
+    # mask with rows that see no key (nq > nk)
+    hkv = 2
+    q = _rand(1, hkv * group, nq, d, seed=21).half()
+    k, v = _rand(1, hkv, nk, d, seed=22).half(), _rand(1, hkv, nk, d, seed=23).half()
+    diag = nk - nq if causal else 0
+    o, lse = _fwd_desc(q, k, v, causal, d, True, group, diag)
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    ref, ref_lse = _masked_ref(q, kk, vv, diag if causal else nk)
     torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-3)
-    o_plain, lse_plain = _fwd_switches(q, k, v, causal)
-    torch.testing.assert_close(o, o_plain, atol=2e-3, rtol=2e-3)
+    seen = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
+    assert torch.isneginf(lse[~seen]).all() and (o[~seen] == 0).all()
+    o_ptr, lse_ptr = _fwd_desc(q, k, v, causal, d, False, group, diag)
+    torch.testing.assert_close(o, o_ptr, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (device.HAS_GPU and device.CAPABILITY >= (9, 0)),
+                    reason="needs an sm90 GPU or newer (the autotuner's descriptor shape)")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_descriptor_tile_shape_on_the_gpu(causal, d):
+    # the shape the autotuner offers on sm90 (128 x 64, one warpgroup, two stages) on
+    # lengths off the tile, a head dim padded to 128, grouped heads, rows without keys
+    nq, nk, group = 300, 203, 2
+    q = _rand(2, 4, nq, d, seed=31).half()
+    k, v = _rand(2, 2, nk, d, seed=32).half(), _rand(2, 2, nk, d, seed=33).half()
+    diag = nk - nq if causal else 0
+    o, lse = _fwd_desc(q, k, v, causal, d, True, group, diag, tile=(128, 64, 4, 2))
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    ref, ref_lse = _masked_ref(q, kk, vv, diag if causal else nk)
+    torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
+    seen = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
+    assert torch.isneginf(lse[~seen]).all() and (o[~seen] == 0).all()
+
+
+def test_descriptor_tiles_only_where_the_tma_can_read_them():
+    base = torch.randn(1, 2, 64, 72, dtype=torch.float16)
+    assert ta._tma_readable(base[..., :64].contiguous())
+    assert ta._tma_readable(base[..., 8:72])              # rows of 144 bytes, start +16 B
+    assert not ta._tma_readable(base[..., 1:65])          # start 2 bytes off 16
+    assert not ta._tma_readable(base[..., 8:20])          # rows of 24 bytes in 144-byte steps
+    wide = torch.randn(1, 2, 64, 68, dtype=torch.float16)
+    assert not ta._tma_readable(wide[..., :64])           # rows of 128 bytes in 136-byte steps
+    assert not ta._tma_readable(torch.randn(1, 2, 64, 12, dtype=torch.float16))  # 24-B rows
+    assert not ta._tma_readable(torch.randn(1, 2, 64, 64))                        # float32
+    assert not ta._tma_readable(base.transpose(2, 3))     # last stride not 1
+    if not device.HAS_GPU:
+        assert not ta._desc_ok(base, base)                # no GPU, no descriptors
+    # the autotuner never tries the descriptor shape for a call that may not take it
+    desc = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "DESC": True}, num_warps=4,
+                         num_stages=2)
+    plain = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
+    q = torch.empty(1, dtype=torch.float16)
+    for ok, want in ((0, [plain]), (1, [desc, plain])):
+        kept = ta._fits([desc, plain], {"Q": q}, HEAD_DIM=64, DESC_OK=ok)
+        assert kept == want or (not ta._AUTOTUNE and kept == want[:1]), (ok, kept)
+    big = ta._fits([desc, plain], {"Q": q}, HEAD_DIM=256, DESC_OK=1)   # 512-byte rows
+    assert desc not in big
+    assert "DESC_OK" in ta._FWD_KEY
 
 
 def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():

@@ -99,7 +99,11 @@ def test_declared_cases_match_the_reference(i):
     if case.dtype == torch.float32 and device.INTERPRET:      # exact float32 elementwise too
         torch.testing.assert_close(o.detach().double(), o_ref.detach(), atol=1e-5, rtol=1e-5)
     assert bool((o[:, :, ~seen] == 0).all()), "a row that sees no key must be 0"
-    lse_tol = 1e-5 if case.dtype == torch.float32 and device.INTERPRET else 1e-4
+    if case.dtype == torch.float32:
+        # exact float32 in the interpreter; on a GPU the scores come from TF32 products
+        lse_tol = 1e-5 if device.INTERPRET else TOL[torch.float32]
+    else:
+        lse_tol = 1e-4
     torch.testing.assert_close(lse.double(), lse_ref, atol=lse_tol, rtol=lse_tol)
     for name, x, ref in (("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)):
         # element by element with the policy's backward tolerance (a gradient that is 0

@@ -162,6 +162,24 @@ def _fwd_desc(q, k, v, causal, d, desc, group=1, diag=0, tile=(32, 16, 4, 1)):
     return o, lse
 
 
+def _check_desc(b, nq, nk, d, group, causal, tile, seed):
+    """Run the descriptor forward on random float16 inputs (two K/V heads, ``group``
+    query heads each; causal: the bottom-right mask) and check it against the float64
+    reference: outputs, the log-sum-exp of rows that see a key, and 0 / -inf for rows
+    that see none. Returns ``q, k, v, o``."""
+    q = _rand(b, 2 * group, nq, d, seed=seed).half()
+    k, v = _rand(b, 2, nk, d, seed=seed + 1).half(), _rand(b, 2, nk, d, seed=seed + 2).half()
+    diag = nk - nq if causal else 0
+    o, lse = _fwd_desc(q, k, v, causal, d, True, group, diag, tile=tile)
+    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    ref, ref_lse = _masked_ref(q, kk, vv, diag if causal else nk)
+    torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
+    seen = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
+    assert torch.isneginf(lse[~seen]).all() and (o[~seen] == 0).all()
+    return q, k, v, o
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("nq, nk, d, group", [(64, 64, 16, 1), (40, 56, 24, 1), (33, 70, 16, 2),
                                               (48, 20, 8, 1)])
@@ -170,18 +188,8 @@ def test_tiles_through_descriptors_match_the_reference(causal, nq, nk, d, group)
     # with zeros), head dims below the padded tile (24 in 32, 8 in 16: zero columns),
     # grouped heads (K and V of a head shared by two query heads), bottom-right causal
     # mask with rows that see no key (nq > nk)
-    hkv = 2
-    q = _rand(1, hkv * group, nq, d, seed=21).half()
-    k, v = _rand(1, hkv, nk, d, seed=22).half(), _rand(1, hkv, nk, d, seed=23).half()
-    diag = nk - nq if causal else 0
-    o, lse = _fwd_desc(q, k, v, causal, d, True, group, diag)
-    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    ref, ref_lse = _masked_ref(q, kk, vv, diag if causal else nk)
-    torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
-    seen = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse.double()[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
-    assert torch.isneginf(lse[~seen]).all() and (o[~seen] == 0).all()
-    o_ptr, lse_ptr = _fwd_desc(q, k, v, causal, d, False, group, diag)
+    q, k, v, o = _check_desc(1, nq, nk, d, group, causal, (32, 16, 4, 1), seed=21)
+    o_ptr, _ = _fwd_desc(q, k, v, causal, d, False, group, nk - nq if causal else 0)
     torch.testing.assert_close(o, o_ptr, atol=2e-3, rtol=2e-3)
 
 
@@ -193,17 +201,7 @@ def test_tiles_through_descriptors_match_the_reference(causal, nq, nk, d, group)
 def test_descriptor_tile_shape_on_the_gpu(causal, d):
     # the shape the autotuner offers on sm90 (128 x 64, one warpgroup, two stages) on
     # lengths off the tile, a head dim padded to 128, grouped heads, rows without keys
-    nq, nk, group = 300, 203, 2
-    q = _rand(2, 4, nq, d, seed=31).half()
-    k, v = _rand(2, 2, nk, d, seed=32).half(), _rand(2, 2, nk, d, seed=33).half()
-    diag = nk - nq if causal else 0
-    o, lse = _fwd_desc(q, k, v, causal, d, True, group, diag, tile=(128, 64, 4, 2))
-    kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    ref, ref_lse = _masked_ref(q, kk, vv, diag if causal else nk)
-    torch.testing.assert_close(o.double(), ref, atol=1e-2, rtol=1e-2)
-    seen = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse.double()[seen], ref_lse[seen], atol=1e-3, rtol=1e-3)
-    assert torch.isneginf(lse[~seen]).all() and (o[~seen] == 0).all()
+    _check_desc(2, 300, 203, d, 2, causal, (128, 64, 4, 2), seed=31)
 
 
 def test_descriptor_tiles_only_where_the_tma_can_read_them():

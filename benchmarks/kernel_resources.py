@@ -4,8 +4,9 @@ compiler reports them (no timing): ``python benchmarks/kernel_resources.py``.
 warpgroups and key blocks of 64, 128 and 256 (sm90).
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
-(``DESC``), and the CUDA tools that ship with Triton report the machine code's registers,
-stack bytes per thread (spilled registers live there) and shared memory."""
+(``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
+GPU; the CUDA tools that ship with Triton report the machine code's registers, stack
+bytes per thread (spilled registers live there) and shared memory."""
 import os
 import re
 import subprocess
@@ -26,45 +27,79 @@ import torch  # noqa: E402
 from course_utils import triton_attention as ta  # noqa: E402
 
 
-def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
+def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
+    """Compile ``fn`` for sm90 with the constexprs ``const``; return (registers, stack
+    bytes a thread, shared bytes). Pointers are float16 except those named in ``fp32``;
+    ``qk_scale`` / ``scale`` are floats, other arguments 32-bit ints; pointers and strides
+    (arguments starting with ``s``) are marked 16-aligned, as on contiguous tensors."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    fn = ta._attn_fwd_kernel
-    ints = ["sqb", "sqh", "sqn", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "son"]
-    sig = {n: "*fp16" for n in ("Q", "K", "V", "O")}
-    sig.update(LSE="*fp32", qk_scale="fp32")
-    sig.update({n: "i32" for n in ints + ["HQ", "GROUP", "NQ", "NK", "D", "DIAG", "NQ_BUCKET",
-                                          "NK_BUCKET", "DESC_OK"]})
-    # what a launch on contiguous tensors tells the compiler: 16-aligned pointers and strides
-    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
-               for n in ["Q", "K", "V", "O", "LSE"] + ints}
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const:
+            sig[name] = "constexpr"
+        elif name.isupper() and len(name) <= 5 and name not in ("HQ", "HKV", "NQ", "NK", "D",
+                                                                "GROUP", "DIAG"):
+            sig[name] = "*fp32" if name in fp32 else "*fp16"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("qk_scale", "scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name.startswith("s"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages))
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+    reg, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
+    return reg, stack, k.metadata.shared
+
+
+def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
+    import triton
     print(f"triton {triton.__version__}, compiled for sm90 (no GPU), float16")
+    base = dict(PAD_D=False, UPCAST=False)
     for d in (128, 64):
         for causal in (False, True):
             for bm, bn, w, st in configs:
                 for desc in (False, True):
-                    const = dict(HEAD_DIM=d, CAUSAL=causal, PAD_D=False, UPCAST=False,
-                                 POS_SCALE=True, BLOCK_M=bm, BLOCK_N=bn, WS=False, LAZY=False,
-                                 DESC=desc)
-                    src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in const}},
-                                    constexprs={(fn.arg_names.index(k),): v
-                                                for k, v in const.items()},
-                                    attrs=aligned)
-                    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                       options=dict(num_warps=w, num_stages=st))
-                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                        f.write(k.asm["cubin"])
-                        f.flush()
-                        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name],
-                                               capture_output=True, text=True,
-                                               check=True).stdout
-                    reg, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1))
-                                  for key in ("REG", "STACK"))
+                    const = dict(base, HEAD_DIM=d, CAUSAL=causal, POS_SCALE=True, BLOCK_M=bm,
+                                 BLOCK_N=bn, WS=False, LAZY=False, DESC=desc)
+                    reg, stack, shared = _sm90_report(ta._attn_fwd_kernel, const, w, st)
                     print(f"d={d:3d} causal={int(causal)} {bm}x{bn} warps={w} stages={st} "
                           f"desc={int(desc)}: registers {reg}, stack {stack} bytes, "
-                          f"shared {k.metadata.shared}")
+                          f"shared {shared}")
+    # lesson 7's backward kernels in the shapes their autotuners try on a GPU
+    kernels = (("dkdv", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"), dict(ATOMIC_DQ=False)),
+               ("atomic_dq", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"),
+                dict(ATOMIC_DQ=True)),
+               ("dq", ta._attn_bwd_dq_kernel, ("BLOCK_M2", "BLOCK_N2"), {}))
+    # the autotune lists as a GPU run builds them (this machine has none)
+    interpret, autotune = ta.device.INTERPRET, ta._AUTOTUNE
+    ta.device.INTERPRET, ta._AUTOTUNE = False, True
+    try:
+        lists = {name: ta.bwd_configs(name) for name, *_ in kernels}
+    finally:
+        ta.device.INTERPRET, ta._AUTOTUNE = interpret, autotune
+    for name, fn, blocks, extra in kernels:
+        fp32 = ("LSE", "DELTA", "DQ") if name == "atomic_dq" else ("LSE", "DELTA")
+        for d in (128, 64):
+            for causal in (False, True):
+                for c in lists[name]:
+                    bm, bn = (c.kwargs[b] for b in blocks)
+                    const = dict(base, HEAD_DIM=d, CAUSAL=causal, **extra, **c.kwargs)
+                    reg, stack, shared = _sm90_report(fn, const, c.num_warps, c.num_stages, fp32)
+                    print(f"{name} d={d:3d} causal={int(causal)} {bm}x{bn} warps={c.num_warps} "
+                          f"stages={c.num_stages}: registers {reg}, stack {stack} bytes, "
+                          f"shared {shared}")
 
 
 def gluon():

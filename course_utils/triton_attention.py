@@ -596,7 +596,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         HQ, GROUP, NQ, NK, D, qk_scale, scale, CAUSAL_OFF, NQ_BUCKET,
                         NK_BUCKET,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                     UPCAST: tl.constexpr,
+                        UPCAST: tl.constexpr,
                         BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
     # the causal split below starts the masked key tiles at start_m
     tl.static_assert(BLOCK_M2 % BLOCK_N2 == 0, "BLOCK_M2 must be a multiple of BLOCK_N2")

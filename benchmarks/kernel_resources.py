@@ -27,6 +27,10 @@ import torch  # noqa: E402
 from course_utils import triton_attention as ta  # noqa: E402
 
 
+# the tensor arguments of the lesson 6 / 7 kernels
+_POINTERS = {"Q", "K", "V", "O", "DO", "LSE", "DELTA", "DK", "DV", "DQ"}
+
+
 def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
     """Compile ``fn`` for sm90 with the constexprs ``const``; return (registers, stack
     bytes a thread, shared bytes). Pointers are float16 except those named in ``fp32``;
@@ -39,8 +43,7 @@ def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
     for i, name in enumerate(fn.arg_names):
         if name in const:
             sig[name] = "constexpr"
-        elif name.isupper() and len(name) <= 5 and name not in ("HQ", "HKV", "NQ", "NK", "D",
-                                                                "GROUP", "DIAG"):
+        elif name in _POINTERS:
             sig[name] = "*fp32" if name in fp32 else "*fp16"
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in ("qk_scale", "scale"):

@@ -2,6 +2,7 @@
 run, beside SDPA's flash and cuDNN back ends.
 
     python benchmarks/source_kernel_probe.py --source PATH [--ws on|off|both] [--d 128,64]
+        [--tma-configs 128x64x4x2,...]   (lesson 8's TMA forward in these tiles too)
 
 The source material is a notebook printed as text (code cells among prose and outputs),
 so this file does not carry its kernel: ``--source`` names a copy of that text, and the
@@ -114,8 +115,8 @@ def source_forward(mod):
     tuned = triton.autotune(configs=source_configs(),
                             key=["N_CTX", "HEAD_DIM", "FP8_OUTPUT", "warp_specialize"],
                             prune_configs_by={"early_config_prune": fits})(mod._attn_fwd)
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
-                                                                 device="cuda"))
+    from course_utils.triton_attention import _scratch
+    triton.set_allocator(_scratch)            # the kernel makes descriptors on the device
 
     def run(q, k, v, causal, ws):
         b, h, n, d = q.shape
@@ -157,6 +158,7 @@ def main(argv=None):
         ap.error("the source's kernel is written for a GPU (tensor descriptors)")
     if not Path(args.source).is_file():
         ap.error(f"--source {args.source}: no such file")
+    from course_utils import triton_attention as ta
     from course_utils.hopper.triton_fwd import attention_tma
     from course_utils.triton_attention import triton_attention_forward
     run_source, tuned = source_forward(load_source_kernel(args.source))
@@ -205,13 +207,11 @@ def main(argv=None):
                     if len(key) >= 4 and key[0] == n and key[1] == d:
                         tag = "source_ws" if key[3] else "source"
                         row[f"{tag}_config"] = str(cfg)
-                from course_utils import triton_attention as ta
                 for key, cfg in ta._attn_fwd.cache.items():
                     if key[:4] == (ta.length_bucket(n), ta.length_bucket(n), d, causal):
                         row["lesson6_config"] = str(cfg)
                 if getattr(tuned, "configs_timings", None):
-                    row["source_last_tuning"] = {str(c): (t if isinstance(t, float) else
-                                                          list(t) if hasattr(t, "__iter__") else t)
+                    row["source_last_tuning"] = {str(c): t if isinstance(t, float) else list(t)
                                                  for c, t in tuned.configs_timings.items()}
                 for name in fns:
                     if name in row and "cudnn" in row:

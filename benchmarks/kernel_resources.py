@@ -5,7 +5,7 @@ warpgroups and key blocks of 64, 128 and 256 (sm90).
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
-GPU; the CUDA tools that ship with Triton report the machine code's registers, stack
+GPU, each with pointer loads and through descriptors; the CUDA tools that ship with Triton report the machine code's registers, stack
 bytes per thread (spilled registers live there) and shared memory."""
 import os
 import re
@@ -98,11 +98,15 @@ def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
             for causal in (False, True):
                 for c in lists[name]:
                     bm, bn = (c.kwargs[b] for b in blocks)
-                    const = dict(base, HEAD_DIM=d, CAUSAL=causal, **extra, **c.kwargs)
-                    reg, stack, shared = _sm90_report(fn, const, c.num_warps, c.num_stages, fp32)
-                    print(f"{name} d={d:3d} causal={int(causal)} {bm}x{bn} warps={c.num_warps} "
-                          f"stages={c.num_stages}: registers {reg}, stack {stack} bytes, "
-                          f"shared {shared}")
+                    for desc in (False, True):
+                        const = dict(base, HEAD_DIM=d, CAUSAL=causal, **extra,
+                                     **dict(c.kwargs, DESC=desc))
+                        reg, stack, shared = _sm90_report(fn, const, c.num_warps, c.num_stages,
+                                                          fp32)
+                        print(f"{name} d={d:3d} causal={int(causal)} {bm}x{bn} "
+                              f"warps={c.num_warps} stages={c.num_stages} desc={int(desc)}: "
+                              f"registers {reg}, stack {stack} bytes, shared {shared}",
+                              flush=True)
 
 
 def gluon():

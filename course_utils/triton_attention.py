@@ -148,8 +148,19 @@ def bwd_configs(kernel: str):
     if not _AUTOTUNE:
         shapes = shapes[-1:]
     shapes.append(_SMALL["dq" if kernel == "dq" else "dkdv"])
-    return [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s, pre_hook=hook)
-            for m, n, w, s in shapes]
+    configs = [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s,
+                             pre_hook=hook) for m, n, w, s in shapes]
+    if kernel == "dkdv" and _AUTOTUNE and device.CAPABILITY is not None \
+            and device.CAPABILITY >= (9, 0):
+        # on an H200 (benchmarks/<device>/ablation.md), reading Q and dO through tensor
+        # descriptors changed these shapes' speed by -3 % to +21 %; more than 1 % slower
+        # only in the one-warpgroup shapes at head dim 64 without the mask. So they are
+        # offered both ways (where _desc_ok holds, see _fits) and the autotuner picks
+        configs[-1:-1] = [triton.Config(dict(zip(names, (m, n)), DESC=True), num_warps=w,
+                                        num_stages=s)
+                          for m, n, w, s in ((64, 128, 8, 3), (64, 128, 8, 2),
+                                             (32, 128, 4, 3), (32, 128, 4, 5))]
+    return configs
 
 
 def _is_small(c) -> bool:
@@ -161,8 +172,8 @@ def _fits(configs, named_args, **kwargs):
     or more (float32 at head dim 256) get only the small single-stage shape; rows of
     512 bytes (head dim 256 in 16 bits, 128 in float32) drop the shapes larger than
     64 x 64 x 2 and those with more than three stages; without autotuning (two shapes
-    listed), the first that fits. The descriptor shape (``DESC``) only when the call's
-    ``DESC_OK`` says K and V can be read that way."""
+    listed), the first that fits. Descriptor shapes (``DESC``) only when the call's
+    ``DESC_OK`` says its tensors can be read that way."""
     d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
     q = named_args.get("Q")
     row = (d or 0) * (q.element_size() if hasattr(q, "element_size") else 2)
@@ -432,41 +443,49 @@ def _attn_bwd_delta(O, DO, DELTA, sob, soh, son, sdb, sdh, sdn, HQ, NQ, D,
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqn, sdn, sdqn,
                 offs_n, offs_d, D, NQ, lo, hi, qk_scale, scale,
                 BLOCK_M1: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                PAD_D: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                PAD_D: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                DESC: tl.constexpr = False):
     """Add the query tiles ``[lo, hi)`` into one key/value tile's ``dK`` and ``dV``.
 
     Works on transposed tiles (keys along rows): ``S^T = K Q^T``, ``P^T``, ``dP^T = V dO^T``.
     Query rows past ``NQ`` load as zeros, so their ``dO`` and ``Q`` add nothing.
     ``ATOMIC_DQ``: also add this key tile's share of ``dQ``, ``scale * dS K``, into the
-    float32 buffer at ``dq_base`` with atomic adds (a fifth product; no dQ kernel)."""
+    float32 buffer at ``dq_base`` with atomic adds (a fifth product; no dQ kernel).
+    ``DESC``: ``q_base``/``do_base`` are the query head's tensor descriptors; a tile is one
+    ``load([start_m, 0])`` that comes back zero past ``NQ`` and past the head dim."""
     offs_m = tl.arange(0, BLOCK_M1)
     qT_off = offs_m[None, :] * sqn + offs_d[:, None]                 # (D, BLOCK_M1): Q^T
     do_off = offs_m[:, None] * sdn + offs_d[None, :]                 # (BLOCK_M1, D)
     dq_off = offs_m[:, None] * sdqn + offs_d[None, :]
     for start_m in range(lo, hi, BLOCK_M1):
         rows = start_m + offs_m
-        q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + qT_off        # 64-bit tile origin
-        do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_off
         if MASKED:
-            okT = rows[None, :] < NQ
             ok = rows[:, None] < NQ
             if PAD_D:
-                okT = okT & (offs_d[:, None] < D)
                 ok = ok & (offs_d[None, :] < D)
-            qT = tl.load(q_ptrs, mask=okT, other=0.0)
-            do = tl.load(do_ptrs, mask=ok, other=0.0)
             lse = tl.load(lse_base + rows, mask=rows < NQ, other=0.0)
             delta = tl.load(delta_base + rows, mask=rows < NQ, other=0.0)
-        elif PAD_D:
-            qT = tl.load(q_ptrs, mask=offs_d[:, None] < D, other=0.0)
-            do = tl.load(do_ptrs, mask=offs_d[None, :] < D, other=0.0)
-            lse = tl.load(lse_base + rows)
-            delta = tl.load(delta_base + rows)
         else:
-            qT = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
             lse = tl.load(lse_base + rows)
             delta = tl.load(delta_base + rows)
+        if DESC:
+            qT = tl.trans(q_base.load([start_m, 0]))
+            do = do_base.load([start_m, 0])
+        else:
+            q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + qT_off    # 64-bit tile origin
+            do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_off
+            if MASKED:
+                okT = rows[None, :] < NQ
+                if PAD_D:
+                    okT = okT & (offs_d[:, None] < D)
+                qT = tl.load(q_ptrs, mask=okT, other=0.0)
+                do = tl.load(do_ptrs, mask=ok, other=0.0)
+            elif PAD_D:
+                qT = tl.load(q_ptrs, mask=offs_d[:, None] < D, other=0.0)
+                do = tl.load(do_ptrs, mask=offs_d[None, :] < D, other=0.0)
+            else:
+                qT = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
         sT = _mm(k, qT, UPCAST) * qk_scale                                # (BLOCK_N1, BLOCK_M1)
         pT = tl.exp2(sT - (lse * _LOG2E)[None, :])
         if MASKED:
@@ -497,9 +516,13 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                           NQ_BUCKET, NK_BUCKET,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                           UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                          BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr):
+                          BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                          DESC: tl.constexpr = False, DESC_OK=0):
     # ATOMIC_DQ: the fused backward; also adds dQ into the float32 DQ (zeroed before the
     # launch) with atomics. Otherwise DQ is not touched and the dQ kernel computes it.
+    # DESC (tile shapes the autotuner may pick on sm90 when DESC_OK): the query tiles of Q
+    # and dO come through tensor descriptors of each query head, as K and V do in the
+    # forward; no per-thread pointers or masks for them.
     # the causal band below walks BLOCK_N1 query rows in steps of BLOCK_M1
     tl.static_assert(BLOCK_N1 % BLOCK_M1 == 0, "BLOCK_N1 must be a multiple of BLOCK_M1")
     pid_n = tl.program_id(0)
@@ -526,6 +549,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
         q_base = Q + b * sqb + h * sqh
         do_base = DO + b * sdb + h * sdh
         dq_base = DQ + b * sdqb + h * sdqh
+        if DESC:
+            q_base = tl.make_tensor_descriptor(q_base, shape=[NQ, D], strides=[sqn, 1],
+                                               block_shape=[BLOCK_M1, HEAD_DIM])
+            do_base = tl.make_tensor_descriptor(do_base, shape=[NQ, D], strides=[sdn, 1],
+                                                block_shape=[BLOCK_M1, HEAD_DIM])
         row_base = (b * HQ + h) * NQ
         if CAUSAL:
             # on-band: query rows start_n - CAUSAL_OFF .. + BLOCK_N1 - 1 cut the diagonal
@@ -536,17 +564,18 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base,
                                  DELTA + row_base, dq_base, sqn, sdn, sdqn, offs_n - CAUSAL_OFF,
                                  offs_d, D, NQ, band_lo, tl.minimum(band_hi, NQ), qk_scale,
-                                 scale, BLOCK_M1, True, True, PAD_D, UPCAST, ATOMIC_DQ)
+                                 scale, BLOCK_M1, True, True, PAD_D, UPCAST, ATOMIC_DQ, DESC)
             lo = band_hi                         # below the band every key is visible
         else:
             lo = 0
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              dq_base, sqn, sdn, sdqn, offs_n, offs_d, D, NQ, lo, nq_full,
-                             qk_scale, scale, BLOCK_M1, False, False, PAD_D, UPCAST, ATOMIC_DQ)
+                             qk_scale, scale, BLOCK_M1, False, False, PAD_D, UPCAST, ATOMIC_DQ,
+                             DESC)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              dq_base, sqn, sdn, sdqn, offs_n, offs_d, D, NQ,
                              tl.maximum(lo, nq_full), NQ, qk_scale, scale, BLOCK_M1, True, False,
-                             PAD_D, UPCAST, ATOMIC_DQ)
+                             PAD_D, UPCAST, ATOMIC_DQ, DESC)
     tl.store(DK + b * sdkb + kvh * sdkh + row0 * sdkn + in_t * sdkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=ok)
     tl.store(DV + b * sdvb + kvh * sdvh + row0 * sdvn + in_t * sdvn + offs_d[None, :],
@@ -556,28 +585,33 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, D, NK, lo, hi,
               qk_scale, BLOCK_N2: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-              PAD_D: tl.constexpr, UPCAST: tl.constexpr):
+              PAD_D: tl.constexpr, UPCAST: tl.constexpr, DESC: tl.constexpr = False):
     """Add the key tiles ``[lo, hi)`` into one query tile's ``dQ``. Keys past ``NK`` load
-    as zeros: their ``dS`` is multiplied by a zero row of ``K`` and adds nothing."""
+    as zeros: their ``dS`` is multiplied by a zero row of ``K`` and adds nothing.
+    ``DESC``: ``k_base``/``v_base`` are the key/value head's tensor descriptors."""
     offs_n = tl.arange(0, BLOCK_N2)
     kT_off = offs_n[None, :] * skn + offs_d[:, None]                 # (D, BLOCK_N2): K^T
     vT_off = offs_n[None, :] * svn + offs_d[:, None]
     for start_n in range(lo, hi, BLOCK_N2):
         cols = start_n + offs_n
-        kT_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + kT_off      # 64-bit tile origin
-        vT_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + vT_off
-        if MASKED:
-            okT = cols[None, :] < NK
-            if PAD_D:
-                okT = okT & (offs_d[:, None] < D)
-            kT = tl.load(kT_ptrs, mask=okT, other=0.0)
-            vT = tl.load(vT_ptrs, mask=okT, other=0.0)
-        elif PAD_D:
-            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < D, other=0.0)
-            vT = tl.load(vT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+        if DESC:
+            kT = tl.trans(k_base.load([start_n, 0]))
+            vT = tl.trans(v_base.load([start_n, 0]))
         else:
-            kT = tl.load(kT_ptrs)
-            vT = tl.load(vT_ptrs)
+            kT_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + kT_off  # 64-bit tile origin
+            vT_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + vT_off
+            if MASKED:
+                okT = cols[None, :] < NK
+                if PAD_D:
+                    okT = okT & (offs_d[:, None] < D)
+                kT = tl.load(kT_ptrs, mask=okT, other=0.0)
+                vT = tl.load(vT_ptrs, mask=okT, other=0.0)
+            elif PAD_D:
+                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+                vT = tl.load(vT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            else:
+                kT = tl.load(kT_ptrs)
+                vT = tl.load(vT_ptrs)
         s = _mm(q, kT, UPCAST) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         if MASKED:
@@ -597,7 +631,9 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         NK_BUCKET,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                         UPCAST: tl.constexpr,
-                        BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr):
+                        BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                        DESC: tl.constexpr = False, DESC_OK=0):
+    # DESC: K and V tiles through tensor descriptors of the key/value head (sm90, DESC_OK)
     # the causal split below starts the masked key tiles at start_m
     tl.static_assert(BLOCK_M2 % BLOCK_N2 == 0, "BLOCK_M2 must be a multiple of BLOCK_N2")
     pid_m = tl.program_id(0)
@@ -622,6 +658,11 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     delta = tl.load(DELTA + bh.to(tl.int64) * NQ + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
+    if DESC:
+        k_base = tl.make_tensor_descriptor(k_base, shape=[NK, D], strides=[skn, 1],
+                                           block_shape=[BLOCK_N2, HEAD_DIM])
+        v_base = tl.make_tensor_descriptor(v_base, shape=[NK, D], strides=[svn, 1],
+                                           block_shape=[BLOCK_N2, HEAD_DIM])
     dq = tl.zeros([BLOCK_M2, HEAD_DIM], tl.float32)
     nk_full = NK - NK % BLOCK_N2
     if CAUSAL:
@@ -631,14 +672,14 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
         mid = nk_full
         hi = NK
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF, offs_d,
-                   D, NK, 0, mid, qk_scale, BLOCK_N2, False, CAUSAL, PAD_D, UPCAST)
+                   D, NK, 0, mid, qk_scale, BLOCK_N2, False, CAUSAL, PAD_D, UPCAST, DESC)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m + CAUSAL_OFF, offs_d,
-                   D, NK, mid, hi, qk_scale, BLOCK_N2, True, CAUSAL, PAD_D, UPCAST)
+                   D, NK, mid, hi, qk_scale, BLOCK_N2, True, CAUSAL, PAD_D, UPCAST, DESC)
     tl.store(DQ + b * sdqb + h * sdqh + row0 * sdqn + in_t * sdqn + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-_KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D"]
+_KEY = ["NQ_BUCKET", "NK_BUCKET", "HEAD_DIM", "CAUSAL", "PAD_D", "DESC_OK"]
 _attn_bwd_dkdv = _tuned(bwd_configs("dkdv"), _KEY)(_attn_bwd_dkdv_kernel)
 # the same kernel with ATOMIC_DQ=True, tuned on its own (its configs zero DQ first)
 _attn_bwd_atomic = _tuned(bwd_configs("atomic_dq"), _KEY)(_attn_bwd_dkdv_kernel)
@@ -705,11 +746,20 @@ def _tma_readable(t) -> bool:
 
 
 def _desc_ok(k, v) -> bool:
-    """Whether the forward may read K and V through tensor descriptors (the ``DESC``
-    tile shape): an sm90 GPU or newer, autotuning on, and both tensors
-    :func:`_tma_readable`. Anything else keeps the pointer loads."""
+    """Whether a kernel may read tiles of these two tensors (the forward's K and V, the
+    backward's Q and dO or K and V) through tensor descriptors (``DESC``): an sm90 GPU or
+    newer, autotuning on, and both tensors :func:`_tma_readable`. Anything else keeps the
+    pointer loads."""
     return (_AUTOTUNE and k.is_cuda and device.CAPABILITY is not None
             and device.CAPABILITY >= (9, 0) and _tma_readable(k) and _tma_readable(v))
+
+
+def _dq_desc(desc_ok: bool, row_bytes: int) -> bool:
+    """Whether the dQ kernel reads K and V through descriptors: whenever it may
+    (``desc_ok``, rows under 512 bytes). On an H200, in every tile shape the autotuner
+    tries, that ran at 0.998x to 1.08x the pointer loads without the mask and 1.08x to
+    1.49x with it (benchmarks/<device>/ablation.md), so it is not left to the autotuner."""
+    return bool(desc_ok) and row_bytes < 512
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -784,6 +834,10 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     block = 64 if device.HAS_GPU else 32
+    # dK/dV may read Q and dO through descriptors, dQ K and V (the DESC tile shapes)
+    desc_ok = _desc_ok(q, do) and _desc_ok(k, v)
+    if desc_ok:
+        triton.set_allocator(_scratch)
     _attn_bwd_delta[(triton.cdiv(sh.Nq, block), sh.B * sh.Hq)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1),
         do.stride(2), sh.Hq, sh.Nq, sh.D, HEAD_DIM=hd, BLOCK=block)
@@ -800,7 +854,7 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
                     sh.Hq, sh.Hkv, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E,
                     sh.scale, sh.offset, length_bucket(sh.Nq), length_bucket(sh.Nk),
                     HEAD_DIM=hd, CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q),
-                    ATOMIC_DQ=atomic)
+                    ATOMIC_DQ=atomic, DESC_OK=int(desc_ok))
     if atomic:
         return dq.to(q.dtype), dk, dv
 
@@ -811,7 +865,8 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
                          dq.stride(0), dq.stride(1), dq.stride(2),
                          sh.Hq, sh.group, sh.Nq, sh.Nk, sh.D, sh.scale * LOG2E, sh.scale,
                          sh.offset, length_bucket(sh.Nq), length_bucket(sh.Nk), HEAD_DIM=hd,
-                         CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q))
+                         CAUSAL=causal, PAD_D=pad, UPCAST=_upcast(q), DESC_OK=int(desc_ok),
+                         DESC=_dq_desc(desc_ok, hd * q.element_size()))
     return dq, dk, dv
 
 

@@ -15,6 +15,7 @@ from course_utils import device
 import triton  # noqa: E402  (after course_utils.device: the interpreter switch)
 from course_utils import triton_attention as ta
 from course_utils.attention import naive_attention
+from course_utils.constants import CAUSAL_LOWER_RIGHT
 from course_utils.decoding import decode_attention_reference, gather_paged_cache
 from course_utils.triton_decode import decode_attention
 
@@ -231,6 +232,120 @@ def test_descriptor_tiles_only_where_the_tma_can_read_them():
     big = ta._fits([desc, plain], {"Q": q}, HEAD_DIM=256, DESC_OK=1)   # 512-byte rows
     assert desc not in big
     assert "DESC_OK" in ta._FWD_KEY
+
+
+# ------------------------------- the backward's query / key tiles through descriptors
+def _bwd_tiles(monkeypatch, dkdv, dq, desc):
+    """Give each backward kernel one tile shape, ``(BLOCK_M, BLOCK_N, warps, stages)``
+    (``dkdv`` for the dK/dV and fused atomic-dQ kernels), reading its streamed tiles
+    through descriptors (``desc``) or pointers (the dQ kernel's choice is not a tile
+    shape's but :func:`_dq_desc`'s)."""
+    monkeypatch.setattr(ta, "_dq_desc", lambda ok, row: desc)
+    for slot, raw, names, shape, hook in (
+            ("_attn_bwd_dkdv", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"), dkdv, None),
+            ("_attn_bwd_atomic", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"), dkdv,
+             ta._zero_dq),
+            ("_attn_bwd_dq", ta._attn_bwd_dq_kernel, ("BLOCK_M2", "BLOCK_N2"), dq, None)):
+        m, n, w, st = shape
+        blocks = {names[0]: m, names[1]: n}
+        if slot != "_attn_bwd_dq":
+            blocks["DESC"] = desc
+        cfg = triton.Config(blocks, num_warps=w, num_stages=st, pre_hook=hook)
+        monkeypatch.setattr(ta, slot, triton.autotune(configs=[cfg], key=ta._KEY)(raw))
+    if device.HAS_GPU:
+        triton.set_allocator(ta._scratch)
+
+
+def _grads_ref(q, k, v, do, diag, group):
+    """float64 gradients of attention with key j visible to query i when j <= i + diag;
+    a row that sees no key has output 0 and passes no gradient."""
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    kk, vv = kd.repeat_interleave(group, 1), vd.repeat_interleave(group, 1)
+    keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(diag)
+    seen = keep.any(-1, keepdim=True)
+    s = (qd @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~keep, float("-inf")).masked_fill(~seen, 0.0)
+    o = (torch.softmax(s, -1) * seen) @ vv
+    return torch.autograd.grad(o, (qd, kd, vd), do.double())
+
+
+def _check_bwd_desc(monkeypatch, b, nq, nk, d, group, causal, dkdv, dq, seed,
+                    dtype=torch.float16, design="three_kernels"):
+    """The backward with descriptor tiles on random inputs (two K/V heads, ``group`` query
+    heads each; causal: the bottom-right mask) against the float64 gradients; returns
+    the inputs and the gradients."""
+    q = _rand(b, 2 * group, nq, d, seed=seed).to(dtype)
+    k, v = (_rand(b, 2, nk, d, seed=seed + i).to(dtype) for i in (1, 2))
+    do = _rand(b, 2 * group, nq, d, seed=seed + 3).to(dtype)
+    opts = dict(is_causal=causal, enable_gqa=group > 1,
+                alignment=CAUSAL_LOWER_RIGHT if causal else None)
+    o, lse = ta.triton_attention_forward(q, k, v, **opts)
+    _bwd_tiles(monkeypatch, dkdv, dq, True)
+    got = ta.triton_attention_backward(q, k, v, o, lse, do, bwd=design, **opts)
+    tol = 1e-2 if dtype == torch.float16 else 3e-2           # P, dS rounded to 11 / 8 bits
+    for name, g, r in zip("qkv", got, _grads_ref(q, k, v, do, nk - nq if causal else nk,
+                                                 group)):
+        err = float((g.double() - r).abs().max() / r.abs().max())
+        assert err < tol, (f"d{name}", err)
+    return (q, k, v, o, lse, do, opts), got
+
+
+@pytest.mark.parametrize("design", ["three_kernels", "atomic_dq"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq, nk, d, group, dtype", [
+    (64, 64, 16, 1, torch.float16), (40, 56, 24, 1, torch.float16),
+    (70, 33, 16, 2, torch.float16), (48, 20, 8, 1, torch.float16),
+    (40, 56, 24, 2, torch.bfloat16)])
+def test_backward_tiles_through_descriptors_match_the_reference(monkeypatch, design, causal,
+                                                                nq, nk, d, group, dtype):
+    # query lengths off the tile (the dK/dV kernel's Q and dO tiles come back zero past
+    # the rows), key lengths off the tile (the dQ kernel's K and V tiles), head dims below
+    # the padded tile, grouped heads (a key head's descriptors made once per query head),
+    # the bottom-right mask with rows that see no key (nq > nk)
+    args, got = _check_bwd_desc(monkeypatch, 1, nq, nk, d, group, causal, (16, 32, 4, 1),
+                                (32, 16, 4, 1), seed=41, dtype=dtype, design=design)
+    _bwd_tiles(monkeypatch, (16, 32, 4, 1), (32, 16, 4, 1), False)
+    q, k, v, o, lse, do, opts = args
+    ptr = ta.triton_attention_backward(q, k, v, o, lse, do, bwd=design, **opts)
+    for g, p in zip(got, ptr):
+        torch.testing.assert_close(g, p, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (device.HAS_GPU and device.CAPABILITY >= (9, 0)),
+                    reason="needs an sm90 GPU or newer (the autotuner's descriptor shapes)")
+@pytest.mark.parametrize("design", ["three_kernels", "atomic_dq"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 80, 128])
+def test_backward_descriptor_tile_shapes_on_the_gpu(monkeypatch, design, causal, d):
+    # shapes the autotuner may take on sm90, on lengths off the tiles, a head dim padded
+    # to 128, grouped heads and rows without keys
+    _check_bwd_desc(monkeypatch, 2, 300, 203, d, 2, causal, (32, 128, 8, 2), (128, 64, 8, 2),
+                    seed=51, design=design)
+
+
+def test_backward_descriptor_shapes_are_offered_only_where_they_may_run(monkeypatch):
+    # on sm90 with autotuning the dK/dV list gains descriptor twins of four shapes; the
+    # fused atomic-dQ and the dQ lists do not (the dQ kernel follows _dq_desc instead)
+    monkeypatch.setattr(ta.device, "INTERPRET", False)
+    monkeypatch.setattr(ta.device, "CAPABILITY", (9, 0))
+    monkeypatch.setattr(ta, "_AUTOTUNE", True)
+    dkdv, atomic, dq = (ta.bwd_configs(k) for k in ("dkdv", "atomic_dq", "dq"))
+    desc = [c for c in dkdv if c.kwargs.get("DESC")]
+    assert len(desc) == 4 and all(c.num_warps in (4, 8) for c in desc)
+    assert not any(c.kwargs.get("DESC") for c in atomic + dq)
+    assert ta._is_small(dkdv[-1])                          # the small shape stays last
+    q = torch.empty(1, dtype=torch.float16)
+    for ok in (0, 1):
+        kept = ta._fits(dkdv, {"Q": q}, HEAD_DIM=128, DESC_OK=ok)
+        assert sum(bool(c.kwargs.get("DESC")) for c in kept) == 4 * ok
+    assert not any(c.kwargs.get("DESC") for c in ta._fits(dkdv, {"Q": q}, HEAD_DIM=256,
+                                                           DESC_OK=1))   # 512-byte rows
+    monkeypatch.setattr(ta.device, "CAPABILITY", (8, 0))
+    assert not any(c.kwargs.get("DESC") for c in ta.bwd_configs("dkdv"))
+    assert (ta._dq_desc(True, 256), ta._dq_desc(True, 512), ta._dq_desc(False, 256)) == \
+        (True, False, False)
+    assert "DESC_OK" in ta._KEY
 
 
 def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():

@@ -51,6 +51,8 @@ SOURCED = {
     ("04", "19 TB/s"): "FlashAttention paper, section 2.1: estimated A100 SRAM bandwidth",
     ("06", "96 KiB"): "arithmetic: a 128 x 128 fp16 Q tile (32 KiB) and two stages of 64 x 128 "
                       "fp16 K and V tiles (32 KiB a stage) at head dim 128",
+    ("07", "128 KiB"): "arithmetic: two float32 accumulators of 128 x 128 (dK and dV of a "
+                       "128-key tile at head dim 128)",
     ("07", "2.5×"): "FLOP-count convention: the backward counted as 2.5 forwards",
     ("07", "3.5×"): "FLOP-count convention: forward + backward = 3.5 forwards",
     ("08", "3.9 TFLOPS"): "FlashAttention-3 paper: H100 special-function (exp) throughput",

@@ -11,12 +11,7 @@ timeout "$secs" python3 benchmarks/bwd_desc_probe.py --d "$dims" --out "$out/bwd
     "$@" > "$out/bwd_desc_probe.log" 2>&1
 echo "probe rc=$?" >> "$out/bwd_desc_probe.log"
 if [ -n "$wh" ] && [ -d "$wh" ]; then
-    python3 -m pip install -q --no-index --find-links "$wh" --target /tmp/extra \
-        "pytest<9.2" pytest-timeout hypothesis > "$out/pip.log" 2>&1
-    PYTHONPATH=/tmp/extra:$PWD timeout 170 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_kernel_hardening.py -k "descriptor" > "$out/test_desc.txt" 2>&1
-    echo "tests rc=$?" >> "$out/test_desc.txt"
-    tail -4 "$out/test_desc.txt"
+    bash benchmarks/gpu_desc_tests.sh "$out" "$wh"
 fi
 python3 - "$out/bwd_desc_probe.json" <<'PY'
 import json, sys

@@ -11,11 +11,6 @@ timeout "$secs" python3 -m course_utils.bench table --name "$name" "$@" > "$out/
 echo "table rc=$?" >> "$out/table.log"
 cp benchmarks/*/"$name".json "$out/" 2>/dev/null
 if [ -n "$wh" ] && [ -d "$wh" ]; then
-    python3 -m pip install -q --no-index --find-links "$wh" --target /tmp/extra \
-        "pytest<9.2" pytest-timeout hypothesis > "$out/pip.log" 2>&1
-    PYTHONPATH=/tmp/extra:$PWD timeout 150 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_kernel_hardening.py -k "descriptor" > "$out/test_desc.txt" 2>&1
-    echo "tests rc=$?" >> "$out/test_desc.txt"
-    tail -3 "$out/test_desc.txt"
+    bash benchmarks/gpu_desc_tests.sh "$out" "$wh"
 fi
 grep -v "^ *$" "$out/table.log" | tail -40

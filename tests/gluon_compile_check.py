@@ -97,11 +97,13 @@ def main():
               "kernels use: nothing to compile")
         return 0
 
+    # on the course's device: the wrappers refuse CPU tensors where a GPU is present (a
+    # GPU machine compiles here too, for sm90, whatever its own GPU)
     def qkv(d, dtype=torch.float16, nq=300, nk=260, hq=4, hkv=2):
         g = torch.Generator().manual_seed(d)
-        return (torch.randn(1, hq, nq, d, generator=g).to(dtype),
-                torch.randn(1, hkv, nk, d, generator=g).to(dtype),
-                torch.randn(1, hkv, nk, d, generator=g).to(dtype))
+        return (torch.randn(1, hq, nq, d, generator=g).to(device.DEVICE, dtype),
+                torch.randn(1, hkv, nk, d, generator=g).to(device.DEVICE, dtype),
+                torch.randn(1, hkv, nk, d, generator=g).to(device.DEVICE, dtype))
 
     calls = []
     for d in (64, 128):
@@ -127,7 +129,7 @@ def main():
 
         def backward(d=d):
             q, k, v = qkv(d)
-            o, lse = q.clone(), torch.zeros(q.shape[:3], dtype=torch.float32)
+            o, lse = q.clone(), torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device)
             return gluon_bwd.attention_gluon_backward(q, k, v, o, lse, torch.ones_like(o),
                                                       is_causal=True, enable_gqa=True)
         calls.append((f"attention_gluon_backward D={d} causal", backward))

@@ -20,6 +20,9 @@ from course_utils.decoding import (causal_mask, check_decode_output, chunk_bound
 from course_utils.triton_decode import choose_num_splits, decode_attention
 
 DEV = device.DEVICE
+# float32 results of the decoding kernel: the interpreter computes in float32; on a GPU
+# its products are TF32 (the precision policy of course_utils.checks)
+FP32 = dict(atol=1e-4, rtol=1e-4) if device.INTERPRET else dict(atol=3e-3, rtol=3e-3)
 # The decode entry points by their records in course_utils.contract: what a record
 # declares (dtypes, head dims, causal settings, GQA, cache layouts) is what the tests
 # below try. Sizes (B, Hq, Hkv, Nq new tokens, cache length L) are this file's choice:
@@ -237,7 +240,7 @@ def test_triton_matches_reference(i):
                                      return_partials=True, **case.options())
     ref, ref_lse = decode_attention_reference(q, k, v, sl, return_lse=True, **case.options())
     assert o.dtype == case.dtype and o.shape == q.shape and lse.dtype == torch.float32
-    fp32 = dict(atol=1e-4, rtol=1e-4) if device.INTERPRET else dict(atol=3e-3, rtol=3e-3)
+    fp32 = FP32
     # float16 / bfloat16: both round the same float32 rows to the dtype (the policy's
     # tolerance); float32: the interpreter's float32 against the reference's
     tol = fp32 if case.dtype == torch.float32 else dict(zip(("atol", "rtol"),
@@ -258,7 +261,7 @@ def test_triton_non_causal_and_custom_scale():
     q, k, v, sl = make(2, 4, 2, 3, 40, 16, ragged=True, seed=5)
     o = decode_attention(q, k, v, sl, is_causal=False, scale=0.3, num_splits=3)
     ref = decode_attention_reference(q, k, v, sl, is_causal=False, scale=0.3)
-    torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o, ref, **FP32)
 
 
 def test_triton_ignores_unused_cache_slots():
@@ -268,7 +271,7 @@ def test_triton_ignores_unused_cache_slots():
     v[1, :, 40:] = float("nan")
     o = decode_attention(q, k, v, sl, num_splits=4)
     assert torch.isfinite(o).all()
-    torch.testing.assert_close(o, decode_attention_reference(q, k, v, sl), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o, decode_attention_reference(q, k, v, sl), **FP32)
 
 
 def test_triton_without_length_checks_reads_nothing_back():
@@ -276,7 +279,7 @@ def test_triton_without_length_checks_reads_nothing_back():
     q, k, v, _ = make(2, 4, 2, 2, 80, 16, seed=4)
     sl = torch.tensor([5, 61], device=DEV, dtype=torch.int32)
     o = decode_attention(q, k, v, sl, num_splits=4, check_lengths=False)
-    torch.testing.assert_close(o, decode_attention_reference(q, k, v, sl), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o, decode_attention_reference(q, k, v, sl), **FP32)
 
 
 def make_paged(b, hq, hkv, nq, page_size, pages_per_seq, d, seed=0):
@@ -311,9 +314,8 @@ def test_triton_paged_cache_matches_gathered_reference(page_size, pages, nq, rat
                               return_lse=True)
     ref, ref_lse = decode_attention_reference(q, gather_paged_cache(kp, table),
                                               gather_paged_cache(vp, table), sl, return_lse=True)
-    tol = dict(atol=1e-4, rtol=1e-4) if device.INTERPRET else dict(atol=3e-3, rtol=3e-3)
-    torch.testing.assert_close(o, ref, **tol)
-    torch.testing.assert_close(lse, ref_lse, **tol)
+    torch.testing.assert_close(o, ref, **FP32)
+    torch.testing.assert_close(lse, ref_lse, **FP32)
 
 
 def test_paged_cache_bad_inputs():
@@ -383,7 +385,7 @@ def test_check_decode_output_passes_and_fails_with_hints(capsys):
     # wrong kv head for a query head (h % Hkv instead of h // group)
     wrong = F.scaled_dot_product_attention(full[0], full[1].repeat(1, 2, 1, 1),
                                            full[2].repeat(1, 2, 1, 1),
-                                           attn_mask=causal_mask(3, 12))
+                                           attn_mask=causal_mask(3, 12, device=DEV))
     with pytest.raises(CheckFailed, match="kv head"):
         check_decode_output(wrong, *full)
     # cache lengths ignored

@@ -1,8 +1,10 @@
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from course_utils import device
 from course_utils import doctor as doctor_module
 from course_utils.doctor import diagnose, doctor, known_answer_kernel
 
@@ -80,9 +82,18 @@ def test_report_and_cli():
     assert doctor(file=buf) is True
     text = buf.getvalue()
     for word in ("torch", "triton", "device", "capability", "triton mode", "test kernel   passed",
-                 "tested with", "this machine  the tested [cpu] set", "lessons 6, 7, 9: yes"):
+                 "tested with", "lessons 6, 7, 9: yes"):
         assert word in text
+    # which tested set this machine is depends on the machine (CI: [cpu]; the GPU machine
+    # the course was tested on: [gpu]; a torch / Triton pair of neither: none)
+    installed = {name: doctor_module._version(name) for name in doctor_module.PACKAGES}
+    match = doctor_module.tested_set(installed, doctor_module.tested_versions())
+    assert ("this machine  " + (f"the tested [{match}] set" if match else "not a tested set")) \
+        in text
+    # a bare environment; with a GPU, compiled Triton builds each kernel's launcher with the
+    # C compiler it finds on PATH, so PATH stays (without one the doctor rightly says so)
+    path = os.environ.get("PATH", "") if device.HAS_GPU else ""
     r = subprocess.run([sys.executable, "-m", "course_utils", "doctor"], capture_output=True,
-                       text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+                       text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": path})
     assert r.returncode == 0, r.stderr
     assert "environment report" in r.stdout

@@ -44,10 +44,22 @@ def _shapes(text):
 
 
 def _config(kind, shape, desc):
+    """One tile shape of ``kind``. The dQ kernel's ``DESC`` is a launch argument
+    (``_dq_desc``), not a tile shape's: see :func:`_dq_reads`."""
     m, n, w, s = shape
     hook = ta._zero_dq if kind == "atomic_dq" else None
-    return triton.Config({BLOCKS[kind][0]: m, BLOCKS[kind][1]: n, "DESC": desc}, num_warps=w,
+    extra = {} if kind == "dq" else {"DESC": desc}
+    return triton.Config({BLOCKS[kind][0]: m, BLOCKS[kind][1]: n, **extra}, num_warps=w,
                          num_stages=s, pre_hook=hook)
+
+
+_DQ_DESC = ta._dq_desc
+
+
+def _dq_reads(desc):
+    """The dQ kernel reads K and V through descriptors (where the backward's rule allows)
+    when ``desc``, with pointers otherwise."""
+    ta._dq_desc = _DQ_DESC if desc else (lambda ok, row_bytes: False)
 
 
 def _kernel(kind, configs):
@@ -133,6 +145,7 @@ def main(argv=None):
                 ptr = {kind: _kernel(kind, [_config(kind, s, False) for s in shapes[kind]])
                        for kind in ("dkdv", "dq")}
                 ta._attn_bwd_dkdv, ta._attn_bwd_dq = ptr["dkdv"], ptr["dq"]
+                _dq_reads(False)
                 ref = bwd()
                 if not a.skip_single:
                     for kind, sel in (("dkdv", (1, 2)), ("dq", (0,))):
@@ -141,6 +154,7 @@ def main(argv=None):
                                 row = dict(point, part="single", kernel=kind,
                                            shape="x".join(map(str, shape)), desc=desc)
                                 one = _kernel(kind, [_config(kind, shape, desc)])
+                                _dq_reads(desc)
                                 ta._attn_bwd_dkdv = one if kind == "dkdv" else _Skipped()
                                 ta._attn_bwd_dq = one if kind == "dq" else _Skipped()
                                 try:
@@ -161,9 +175,10 @@ def main(argv=None):
                         row = dict(point, part="tuned", design=design, desc=desc)
                         for kind in kinds:
                             cfgs = [_config(kind, s, False) for s in shapes[kind]]
-                            if desc:
+                            if desc and kind != "dq":
                                 cfgs += [_config(kind, s, True) for s in shapes[kind]]
                             setattr(ta, SLOT[kind], _kernel(kind, cfgs))
+                        _dq_reads(desc)
                         try:
                             got = bwd(design)
                             row["rel_err"] = _rel_err(got, ref)
@@ -179,6 +194,7 @@ def main(argv=None):
                         emit(row)
                 for kind, cfgs in saved.items():
                     setattr(ta, SLOT[kind], cfgs)
+                _dq_reads(True)
                 qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)

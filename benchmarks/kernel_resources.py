@@ -85,22 +85,26 @@ def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
                ("atomic_dq", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"),
                 dict(ATOMIC_DQ=True)),
                ("dq", ta._attn_bwd_dq_kernel, ("BLOCK_M2", "BLOCK_N2"), {}))
-    # the autotune lists as a GPU run builds them (this machine has none)
-    interpret, autotune = ta.device.INTERPRET, ta._AUTOTUNE
-    ta.device.INTERPRET, ta._AUTOTUNE = False, True
+    # the autotune lists as a run on an sm90 GPU builds them (this machine has none)
+    interpret, autotune, cap = ta.device.INTERPRET, ta._AUTOTUNE, ta.device.CAPABILITY
+    ta.device.INTERPRET, ta._AUTOTUNE, ta.device.CAPABILITY = False, True, (9, 0)
     try:
         lists = {name: ta.bwd_configs(name) for name, *_ in kernels}
     finally:
-        ta.device.INTERPRET, ta._AUTOTUNE = interpret, autotune
+        ta.device.INTERPRET, ta._AUTOTUNE, ta.device.CAPABILITY = interpret, autotune, cap
     for name, fn, blocks, extra in kernels:
         fp32 = ("LSE", "DELTA", "DQ") if name == "atomic_dq" else ("LSE", "DELTA")
+        # each tile shape once (a descriptor shape and its pointer twin are one shape here)
+        shapes = {}
+        for c in lists[name]:
+            shapes.setdefault(tuple(c.kwargs[b] for b in blocks) + (c.num_warps, c.num_stages), c)
         for d in (128, 64):
             for causal in (False, True):
-                for c in lists[name]:
+                for c in shapes.values():
                     bm, bn = (c.kwargs[b] for b in blocks)
                     for desc in (False, True):
                         const = dict(base, HEAD_DIM=d, CAUSAL=causal, **extra,
-                                     **dict(c.kwargs, DESC=desc))
+                                     **{b: c.kwargs[b] for b in blocks}, DESC=desc)
                         reg, stack, shared = _sm90_report(fn, const, c.num_warps, c.num_stages,
                                                           fp32)
                         print(f"{name} d={d:3d} causal={int(causal)} {bm}x{bn} "

@@ -155,10 +155,15 @@ def bwd_configs(kernel: str):
         # on an H200 (benchmarks/<device>/ablation.md), reading Q and dO through tensor
         # descriptors changed these shapes' speed by -3 % to +21 %; more than 1 % slower
         # only in the one-warpgroup shapes at head dim 64 without the mask. So they are
-        # offered both ways (where _desc_ok holds, see _fits) and the autotuner picks
+        # offered both ways (where _desc_ok holds, see _fits) and the autotuner picks.
+        # 64 x 64 with one warpgroup only through descriptors: two programs share a
+        # multiprocessor (99 KiB of shared memory each), so one computes while the other
+        # waits. On an H200 at head dim 128 it ran 1.00-1.10x the 64 x 128 two-warpgroup
+        # shape (0.995x at one point), though it spills there; with pointer loads it spills
+        # nearly three times as much and ran at 0.63-0.65x its speed
         configs[-1:-1] = [triton.Config(dict(zip(names, (m, n)), DESC=True), num_warps=w,
                                         num_stages=s)
-                          for m, n, w, s in ((64, 128, 8, 3), (64, 128, 8, 2),
+                          for m, n, w, s in ((64, 64, 4, 2), (64, 128, 8, 3), (64, 128, 8, 2),
                                              (32, 128, 4, 3), (32, 128, 4, 5))]
     return configs
 

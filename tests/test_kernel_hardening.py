@@ -296,15 +296,18 @@ def _check_bwd_desc(monkeypatch, b, nq, nk, d, group, causal, dkdv, dq, seed,
     (64, 64, 16, 1, torch.float16), (40, 56, 24, 1, torch.float16),
     (70, 33, 16, 2, torch.float16), (48, 20, 8, 1, torch.float16),
     (40, 56, 24, 2, torch.bfloat16)])
+@pytest.mark.parametrize("dkdv", [(16, 32, 4, 1), (16, 16, 4, 1)], ids=["16x32", "16x16"])
 def test_backward_tiles_through_descriptors_match_the_reference(monkeypatch, design, causal,
-                                                                nq, nk, d, group, dtype):
+                                                                nq, nk, d, group, dtype, dkdv):
     # query lengths off the tile (the dK/dV kernel's Q and dO tiles come back zero past
     # the rows), key lengths off the tile (the dQ kernel's K and V tiles), head dims below
     # the padded tile, grouped heads (a key head's descriptors made once per query head),
-    # the bottom-right mask with rows that see no key (nq > nk)
-    args, got = _check_bwd_desc(monkeypatch, 1, nq, nk, d, group, causal, (16, 32, 4, 1),
+    # the bottom-right mask with rows that see no key (nq > nk); dK/dV key tiles twice the
+    # query tile and equal to it (as the 64 x 64 shape on a GPU: a causal band of one or
+    # two query tiles)
+    args, got = _check_bwd_desc(monkeypatch, 1, nq, nk, d, group, causal, dkdv,
                                 (32, 16, 4, 1), seed=41, dtype=dtype, design=design)
-    _bwd_tiles(monkeypatch, (16, 32, 4, 1), (32, 16, 4, 1), False)
+    _bwd_tiles(monkeypatch, dkdv, (32, 16, 4, 1), False)
     q, k, v, o, lse, do, opts = args
     ptr = ta.triton_attention_backward(q, k, v, o, lse, do, bwd=design, **opts)
     for g, p in zip(got, ptr):
@@ -317,28 +320,35 @@ def test_backward_tiles_through_descriptors_match_the_reference(monkeypatch, des
 @pytest.mark.parametrize("design", ["three_kernels", "atomic_dq"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 80, 128])
-def test_backward_descriptor_tile_shapes_on_the_gpu(monkeypatch, design, causal, d):
-    # shapes the autotuner may take on sm90, on lengths off the tiles, a head dim padded
-    # to 128, grouped heads and rows without keys
-    _check_bwd_desc(monkeypatch, 2, 300, 203, d, 2, causal, (32, 128, 8, 2), (128, 64, 8, 2),
+@pytest.mark.parametrize("dkdv", [(32, 128, 8, 2), (64, 64, 4, 2)], ids=["32x128w8", "64x64w4"])
+def test_backward_descriptor_tile_shapes_on_the_gpu(monkeypatch, design, causal, d, dkdv):
+    # shapes the autotuner may take on sm90 (key tiles twice the query tile, and equal to
+    # it), on lengths off the tiles, a head dim padded to 128, grouped heads and rows
+    # without keys
+    _check_bwd_desc(monkeypatch, 2, 300, 203, d, 2, causal, dkdv, (128, 64, 8, 2),
                     seed=51, design=design)
 
 
 def test_backward_descriptor_shapes_are_offered_only_where_they_may_run(monkeypatch):
-    # on sm90 with autotuning the dK/dV list gains descriptor twins of four shapes; the
-    # fused atomic-dQ and the dQ lists do not (the dQ kernel follows _dq_desc instead)
+    # on sm90 with autotuning the dK/dV list gains descriptor twins of four shapes and the
+    # one-warpgroup 64 x 64 shape through descriptors only; the fused atomic-dQ and the dQ
+    # lists do not (the dQ kernel follows _dq_desc instead)
     monkeypatch.setattr(ta.device, "INTERPRET", False)
     monkeypatch.setattr(ta.device, "CAPABILITY", (9, 0))
     monkeypatch.setattr(ta, "_AUTOTUNE", True)
     dkdv, atomic, dq = (ta.bwd_configs(k) for k in ("dkdv", "atomic_dq", "dq"))
     desc = [c for c in dkdv if c.kwargs.get("DESC")]
-    assert len(desc) == 4 and all(c.num_warps in (4, 8) for c in desc)
+    assert len(desc) == 5 and all(c.num_warps in (4, 8) for c in desc)
+    shape = lambda c: (c.kwargs["BLOCK_M1"], c.kwargs["BLOCK_N1"], c.num_warps, c.num_stages)  # noqa: E731
+    ptr = {shape(c) for c in dkdv if not c.kwargs.get("DESC")}
+    assert (64, 64, 4, 2) in {shape(c) for c in desc} and (64, 64, 4, 2) not in ptr
+    assert {shape(c) for c in desc} - {(64, 64, 4, 2)} <= ptr      # the others are twins
     assert not any(c.kwargs.get("DESC") for c in atomic + dq)
     assert ta._is_small(dkdv[-1])                          # the small shape stays last
     q = torch.empty(1, dtype=torch.float16)
     for ok in (0, 1):
         kept = ta._fits(dkdv, {"Q": q}, HEAD_DIM=128, DESC_OK=ok)
-        assert sum(bool(c.kwargs.get("DESC")) for c in kept) == 4 * ok
+        assert sum(bool(c.kwargs.get("DESC")) for c in kept) == 5 * ok
     assert not any(c.kwargs.get("DESC") for c in ta._fits(dkdv, {"Q": q}, HEAD_DIM=256,
                                                            DESC_OK=1))   # 512-byte rows
     monkeypatch.setattr(ta.device, "CAPABILITY", (8, 0))

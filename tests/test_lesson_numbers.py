@@ -53,6 +53,10 @@ SOURCED = {
                       "fp16 K and V tiles (32 KiB a stage) at head dim 128",
     ("07", "128 KiB"): "arithmetic: two float32 accumulators of 128 x 128 (dK and dV of a "
                        "128-key tile at head dim 128)",
+    ("07", "228 KiB"): "NVIDIA Hopper tuning guide: shared memory of an sm90 multiprocessor "
+                       "(227 KiB of it for one block)",
+    ("07", "64 KiB"): "arithmetic: two float32 accumulators of 64 x 128 (dK and dV of a "
+                      "64-key tile at head dim 128)",
     ("07", "0.85×"): "a threshold, not a measurement: the speed the course aims at for lesson 7's "
                      "forward + backward against cuDNN (the cell beside it checks each point)",
     ("07", "2.5×"): "FLOP-count convention: the backward counted as 2.5 forwards",

@@ -11,6 +11,9 @@
 #                                                        # every solution and on the lesson
 #                                                        # whose outputs nbval compares
 #     bash benchmarks/gpu_verify.sh all     [LOG_DIR]   # both, one after the other
+#     bash benchmarks/gpu_verify.sh suite   [LOG_DIR]   # the whole pytest suite (less the
+#                                                        # browser tests) as a learner with a
+#                                                        # GPU runs it: about eight minutes
 #
 # The parts, one at a time (in order; join them with commas):
 #     kernels   doctor, lessons 6-7 kernels at real sizes (both backward designs)
@@ -18,6 +21,8 @@
 #     hopper    decoding and Hopper kernels at real sizes
 #     problems  every lesson and solution under nbval; every exercise must fail its checks
 #     grading   every problem set graded by course-grade with its wrong answers
+#     suite     every test in tests/, the unmarked ones too, on this machine's GPU (they
+#               had run on a CPU only until 2026-11-29; nine of them failed on an H200 then)
 #     site      every lesson executed alone on the GPU and saved with its outputs (for the
 #               static site: python -m course_utils.site build --outputs-from
 #               LOG_DIR/executed); a cell that raises fails this step, as under nbval
@@ -26,7 +31,9 @@
 # from a folder of wheels, ./.wheelhouse, made beforehand on a machine with an index:
 #     python -m pip download --only-binary=:all: --python-version 3.12 ... -d .wheelhouse \
 #         nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-#         pytest-xdist hypothesis tqdm jupyter_client latex2mathml
+#         pytest-xdist hypothesis tqdm jupyter_client latex2mathml "numpy<2.4"
+# (numpy < 2.4 for tests that run lessons through Triton's CPU interpreter, which up to
+# Triton 3.6 fails with a newer numpy; it is installed only where the wheelhouse has it)
 # They are installed into a side folder on PYTHONPATH, so the machine's own torch and
 # Triton stay in use.
 #
@@ -38,8 +45,8 @@ cd "$(dirname "$0")/.."
 part=${1:-all}
 logs=${2:-artifacts/gpu}
 for p in ${part//,/ }; do
-    case "$p" in kernels|gputests|hopper|problems|grading|site|checks|outputs|all) ;;
-        *) echo "usage: $0 checks|outputs|all|kernels|gputests|hopper|problems|grading|site[,...] [LOG_DIR]" >&2
+    case "$p" in kernels|gputests|hopper|problems|grading|site|suite|checks|outputs|all) ;;
+        *) echo "usage: $0 checks|outputs|all|suite|kernels|gputests|hopper|problems|grading|site[,...] [LOG_DIR]" >&2
            exit 2;; esac
 done
 mkdir -p "$logs"
@@ -49,7 +56,8 @@ if ! python3 -c "import nbval, ipywidgets, nbclient" 2>/dev/null; then
     if [ -d .wheelhouse ]; then
         python3 -m pip install -q --no-index --find-links .wheelhouse --target "$extra" \
             nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-            pytest-xdist hypothesis tqdm jupyter_client latex2mathml >"$logs/install.log" 2>&1 \
+            pytest-xdist hypothesis tqdm jupyter_client latex2mathml \
+            $(ls .wheelhouse | grep -q '^numpy-2\.[0-3]\.' && echo "numpy<2.4") >"$logs/install.log" 2>&1 \
             || { echo "installing from .wheelhouse failed: see $logs/install.log"; exit 1; }
         export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"
         PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}"
@@ -103,6 +111,10 @@ problems() {
 grading() {
     step grading python3 -m pytest -p no:cacheprovider -q -n ${1:-10} --dist load \
         tests/test_wrong_answers.py -k "scores_right_and_wrong"
+}
+suite() {
+    step suite python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/browser \
+        -n ${1:-14} --dist loadgroup --timeout 400
 }
 site() {
     # one lesson at a time, so the timings the lessons print are not shared with another

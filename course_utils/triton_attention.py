@@ -445,6 +445,20 @@ def _attn_bwd_delta(O, DO, DELTA, sob, soh, son, sdb, sdh, sdn, HQ, NQ, D,
 
 
 @triton.jit
+def _load_tile(ptrs, rows_ok, d_ok, MASKED: tl.constexpr, PAD_D: tl.constexpr):
+    """A backward tile through pointers: zeros for rows past the end (``rows_ok``, only
+    ``MASKED`` tiles have such rows) and for columns past the true head dim (``d_ok``,
+    only with ``PAD_D``); an unmasked load where neither can happen."""
+    if MASKED:
+        if PAD_D:
+            return tl.load(ptrs, mask=rows_ok & d_ok, other=0.0)
+        return tl.load(ptrs, mask=rows_ok, other=0.0)
+    if PAD_D:
+        return tl.load(ptrs, mask=d_ok, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqn, sdn, sdqn,
                 offs_n, offs_d, D, NQ, lo, hi, qk_scale, scale,
                 BLOCK_M1: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -479,18 +493,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
         else:
             q_ptrs = q_base + tl.cast(start_m, tl.int64) * sqn + qT_off    # 64-bit tile origin
             do_ptrs = do_base + tl.cast(start_m, tl.int64) * sdn + do_off
-            if MASKED:
-                okT = rows[None, :] < NQ
-                if PAD_D:
-                    okT = okT & (offs_d[:, None] < D)
-                qT = tl.load(q_ptrs, mask=okT, other=0.0)
-                do = tl.load(do_ptrs, mask=ok, other=0.0)
-            elif PAD_D:
-                qT = tl.load(q_ptrs, mask=offs_d[:, None] < D, other=0.0)
-                do = tl.load(do_ptrs, mask=offs_d[None, :] < D, other=0.0)
-            else:
-                qT = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
+            qT = _load_tile(q_ptrs, rows[None, :] < NQ, offs_d[:, None] < D, MASKED, PAD_D)
+            do = _load_tile(do_ptrs, rows[:, None] < NQ, offs_d[None, :] < D, MASKED, PAD_D)
         sT = _mm(k, qT, UPCAST) * qk_scale                                # (BLOCK_N1, BLOCK_M1)
         pT = tl.exp2(sT - (lse * _LOG2E)[None, :])
         if MASKED:
@@ -605,18 +609,8 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, skn, svn, offs_m, offs_d, 
         else:
             kT_ptrs = k_base + tl.cast(start_n, tl.int64) * skn + kT_off  # 64-bit tile origin
             vT_ptrs = v_base + tl.cast(start_n, tl.int64) * svn + vT_off
-            if MASKED:
-                okT = cols[None, :] < NK
-                if PAD_D:
-                    okT = okT & (offs_d[:, None] < D)
-                kT = tl.load(kT_ptrs, mask=okT, other=0.0)
-                vT = tl.load(vT_ptrs, mask=okT, other=0.0)
-            elif PAD_D:
-                kT = tl.load(kT_ptrs, mask=offs_d[:, None] < D, other=0.0)
-                vT = tl.load(vT_ptrs, mask=offs_d[:, None] < D, other=0.0)
-            else:
-                kT = tl.load(kT_ptrs)
-                vT = tl.load(vT_ptrs)
+            kT = _load_tile(kT_ptrs, cols[None, :] < NK, offs_d[:, None] < D, MASKED, PAD_D)
+            vT = _load_tile(vT_ptrs, cols[None, :] < NK, offs_d[:, None] < D, MASKED, PAD_D)
         s = _mm(q, kT, UPCAST) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         if MASKED:

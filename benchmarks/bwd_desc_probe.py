@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
-from course_utils import triton_attention as ta  # noqa: E402
+from course_utils import triton_attention as ta  # noqa: E402  (before triton)
+import triton  # noqa: E402
 from course_utils.bench import common  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -86,6 +86,57 @@ def _picked(kernel):
         + ("+desc" if desc else "")
 
 
+def emitter(script, out, argv):
+    """A function that prints each result row as JSON and, given ``out``, rewrites the
+    whole record there (the rows so far, the environment, the command) after every row,
+    so a run cut short keeps what it measured."""
+    rows = []
+
+    def emit(row):
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        if out:
+            rec = {"environment": common.environment(), "rows": rows}
+            rec["environment"]["command"] = f"python benchmarks/{script} " + \
+                " ".join(sys.argv[1:] if argv is None else argv)
+            Path(out).write_text(json.dumps(rec, indent=1) + "\n")
+    return emit
+
+
+def add_point_options(ap):
+    """The options every backward probe shares: where the JSON goes, the head dims,
+    lengths and dtype of its points, the timed milliseconds and the settle time."""
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--d", default="128")
+    ap.add_argument("--n", default="4096,16384")
+    ap.add_argument("--dtype", default="fp16", choices=tuple(DTYPES))
+    ap.add_argument("--rep", type=int, default=60)
+    common.add_settle_option(ap, default=300.0)
+
+
+def gpu_ready():
+    """False (with a line saying why) without a CUDA GPU; otherwise let the kernels make
+    their tensor descriptors on the device and return True."""
+    if not torch.cuda.is_available():
+        print("This probe needs a CUDA GPU.")
+        return False
+    triton.set_allocator(ta._scratch)
+    return True
+
+
+def make_point(d, n, causal, dtype):
+    """One point's inputs on the GPU (B = 4, H = 32, ``N = Nq = Nk``, seeded by ``n + d``):
+    ``q, k, v, do``, the course's forward ``o, lse``, the backward's FLOPs and the point's
+    fields for a result row."""
+    B, H = 4, 32
+    g = torch.Generator(device="cuda").manual_seed(n + d)
+    q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=DTYPES[dtype], generator=g)
+                   for _ in range(4))
+    o, lse = ta.triton_attention_forward(q, k, v, is_causal=causal)
+    fl = common.attention_flops(B, H, n, n, d, causal, "bwd")
+    return (q, k, v, do, o, lse), fl, {"d": d, "n": n, "causal": causal, "dtype": dtype}
+
+
 def _rel_err(got, want):
     return max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
                for a, b in zip(got, want))
@@ -93,48 +144,26 @@ def _rel_err(got, want):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--d", default="128")
-    ap.add_argument("--n", default="4096,16384")
-    ap.add_argument("--dtype", default="fp16", choices=tuple(DTYPES))
+    add_point_options(ap)
     ap.add_argument("--dkdv", default="64x128x8x2,64x128x8x3,32x128x8x2,32x128x8x3,"
                                       "32x128x4x3,32x64x4x2")
     ap.add_argument("--dq", default="128x64x8x2,128x64x8x3,128x32x4x3,64x64x4x3")
     ap.add_argument("--designs", default="three_kernels",
                     help="part 2: three_kernels and/or atomic_dq, comma-separated")
     ap.add_argument("--skip-single", action="store_true", help="part 2 only")
-    ap.add_argument("--rep", type=int, default=60)
-    common.add_settle_option(ap, default=300.0)
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("This probe needs a CUDA GPU.")
+    if not gpu_ready():
         return 0
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
-    triton.set_allocator(ta._scratch)
     saved = {k: getattr(ta, v) for k, v in SLOT.items()}
     shapes = {"dkdv": _shapes(a.dkdv), "atomic_dq": _shapes(a.dkdv), "dq": _shapes(a.dq)}
-    rows = []
-
-    def emit(row):
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-        if a.out:
-            rec = {"environment": common.environment(), "rows": rows}
-            rec["environment"]["command"] = "python benchmarks/bwd_desc_probe.py " + \
-                " ".join(sys.argv[1:] if argv is None else argv)
-            Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
+    emit = emitter("bwd_desc_probe.py", a.out, argv)
 
     for d in (int(x) for x in a.d.split(",")):
         for n in (int(x) for x in a.n.split(",")):
             for causal in (False, True):
-                B, H = 4, 32
-                g = torch.Generator(device="cuda").manual_seed(n + d)
-                q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=DTYPES[a.dtype],
-                                           generator=g) for _ in range(4))
-                o, lse = ta.triton_attention_forward(q, k, v, is_causal=causal)
-                fl = common.attention_flops(B, H, n, n, d, causal, "bwd")
-                point = {"d": d, "n": n, "causal": causal, "dtype": a.dtype}
+                (q, k, v, do, o, lse), fl, point = make_point(d, n, causal, a.dtype)
 
                 def bwd(design="three_kernels"):
                     return ta.triton_attention_backward(q, k, v, o, lse, do, is_causal=causal,

@@ -88,6 +88,10 @@ def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
     # the autotune lists as a run on an sm90 GPU builds them (this machine has none)
     interpret, autotune, cap = ta.device.INTERPRET, ta._AUTOTUNE, ta.device.CAPABILITY
     ta.device.INTERPRET, ta._AUTOTUNE, ta.device.CAPABILITY = False, True, (9, 0)
+    # the fused kernel's descriptor shapes add dQ by the TMA unit on a GPU (the module set
+    # this switch off when it was imported under the interpreter)
+    import triton.language as tl
+    ta._TMA_REDUCE = tl.constexpr(True)
     try:
         lists = {name: ta.bwd_configs(name) for name, *_ in kernels}
     finally:

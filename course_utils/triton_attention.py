@@ -37,8 +37,10 @@ Backward, three kernels (lesson 5's formulas, with ``P = exp2(qk_scale * S - lse
 Seven matrix products per (query tile, key tile) pair (``S`` and ``dP`` are computed in
 both kernels) and K/V read twice, but no atomics. The alternative, ``bwd="atomic_dq"``
 (FlashAttention-2's), runs the dK/dV kernel alone with ``ATOMIC_DQ``: each program also
-adds ``scale * dS K`` for the query tile in hand into a float32 dQ with ``tl.atomic_add``
-(five products, K/V read once; dQ not bitwise reproducible on a GPU).
+adds ``scale * dS K`` for the query tile in hand into a float32 dQ with ``tl.atomic_add``,
+or, where its tiles come through tensor descriptors (sm90), hands the whole tile to the TMA
+unit for one bulk reduce-add (five products, K/V read once; dQ not bitwise reproducible on
+a GPU).
 
 Sizes: any ``Nq`` and ``Nk`` (edges masked), head dims 16, 32, 64, 128 and 256 natively;
 other head dims up to 256 are padded inside the kernel to the next power of two (masked
@@ -75,6 +77,10 @@ _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
 # how far (base 2) a row's maximum may grow before LAZY rescales: p stays below 2**8
 _LAZY_TAU = tl.constexpr(8.0)
+# the fused backward adds each dQ tile into global memory in one bulk reduction by the TMA
+# unit where its tiles come through descriptors; Triton's interpreter has no such
+# reduction, so there the same descriptor tiles add theirs with per-element atomics
+_TMA_REDUCE = tl.constexpr(not device.INTERPRET)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 MAX_HEAD_DIM = IMPLEMENTATIONS["triton"].max_head_dim
 
@@ -150,7 +156,7 @@ def bwd_configs(kernel: str):
     shapes.append(_SMALL["dq" if kernel == "dq" else "dkdv"])
     configs = [triton.Config(dict(zip(names, (m, n))), num_warps=w, num_stages=s,
                              pre_hook=hook) for m, n, w, s in shapes]
-    if kernel == "dkdv" and _AUTOTUNE and device.CAPABILITY is not None \
+    if kernel in ("dkdv", "atomic_dq") and _AUTOTUNE and device.CAPABILITY is not None \
             and device.CAPABILITY >= (9, 0):
         # on an H200 (benchmarks/<device>/ablation.md), reading Q and dO through tensor
         # descriptors changed these shapes' speed by -3 % to +21 %; more than 1 % slower
@@ -160,9 +166,12 @@ def bwd_configs(kernel: str):
         # multiprocessor (99 KiB of shared memory each), so one computes while the other
         # waits. On an H200 at head dim 128 it ran 1.00-1.10x the 64 x 128 two-warpgroup
         # shape (0.995x at one point), though it spills there; with pointer loads it spills
-        # nearly three times as much and ran at 0.63-0.65x its speed
+        # nearly three times as much and ran at 0.63-0.65x its speed.
+        # The fused kernel's descriptor shapes also add each dQ tile in one bulk reduction
+        # by the TMA unit (_TMA_REDUCE); on an H200 the autotuner took one at one of four
+        # head-dim-128 points (1.03x its pointer shapes there).
         configs[-1:-1] = [triton.Config(dict(zip(names, (m, n)), DESC=True), num_warps=w,
-                                        num_stages=s)
+                                        num_stages=s, pre_hook=hook)
                           for m, n, w, s in ((64, 64, 4, 2), (64, 128, 8, 3), (64, 128, 8, 2),
                                              (32, 128, 4, 3), (32, 128, 4, 5))]
     return configs
@@ -471,7 +480,9 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
     ``ATOMIC_DQ``: also add this key tile's share of ``dQ``, ``scale * dS K``, into the
     float32 buffer at ``dq_base`` with atomic adds (a fifth product; no dQ kernel).
     ``DESC``: ``q_base``/``do_base`` are the query head's tensor descriptors; a tile is one
-    ``load([start_m, 0])`` that comes back zero past ``NQ`` and past the head dim."""
+    ``load([start_m, 0])`` that comes back zero past ``NQ`` and past the head dim. With
+    ``ATOMIC_DQ`` on a GPU ``dq_base`` is then dQ's descriptor too: one bulk reduce-add a
+    tile (``_TMA_REDUCE``)."""
     offs_m = tl.arange(0, BLOCK_M1)
     qT_off = offs_m[None, :] * sqn + offs_d[:, None]                 # (D, BLOCK_M1): Q^T
     do_off = offs_m[:, None] * sdn + offs_d[None, :]                 # (BLOCK_M1, D)
@@ -507,13 +518,18 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
         if ATOMIC_DQ:
             # other key tiles add into the same rows: relaxed atomics, no ordering needed
             dq = _mm(tl.trans(dsT), k, UPCAST) * scale                    # (BLOCK_M1, D)
-            dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn + dq_off
-            if MASKED:
-                tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
-            elif PAD_D:
-                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+            if DESC and _TMA_REDUCE:
+                # one bulk reduction of the whole tile through shared memory (the TMA
+                # unit adds it into global memory; rows past NQ are dropped)
+                dq_base.atomic_add([start_m, 0], dq)
             else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn + dq_off
+                if MASKED:
+                    tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
+                elif PAD_D:
+                    tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
@@ -563,6 +579,9 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                                                block_shape=[BLOCK_M1, HEAD_DIM])
             do_base = tl.make_tensor_descriptor(do_base, shape=[NQ, D], strides=[sdn, 1],
                                                 block_shape=[BLOCK_M1, HEAD_DIM])
+            if ATOMIC_DQ and _TMA_REDUCE:
+                dq_base = tl.make_tensor_descriptor(dq_base, shape=[NQ, D], strides=[sdqn, 1],
+                                                    block_shape=[BLOCK_M1, HEAD_DIM])
         row_base = (b * HQ + h) * NQ
         if CAUSAL:
             # on-band: query rows start_n - CAUSAL_OFF .. + BLOCK_N1 - 1 cut the diagonal
@@ -631,11 +650,17 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                         UPCAST: tl.constexpr,
                         BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
-                        DESC: tl.constexpr = False, DESC_OK=0):
+                        DESC: tl.constexpr = False, DESC_OK=0,
+                        LONGEST_FIRST: tl.constexpr = False):
     # DESC: K and V tiles through tensor descriptors of the key/value head (sm90, DESC_OK)
     # the causal split below starts the masked key tiles at start_m
     tl.static_assert(BLOCK_M2 % BLOCK_N2 == 0, "BLOCK_M2 must be a multiple of BLOCK_N2")
     pid_m = tl.program_id(0)
+    if CAUSAL and LONGEST_FIRST:
+        # the forward's order (the last query tiles see the most keys, so they start
+        # first); on an H200 it bought the dQ kernel nothing beyond run-to-run noise
+        # (benchmarks/dq_order_probe.py), so it is off: tiles start in grid order
+        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
     h = (bh % HQ).to(tl.int64)
@@ -813,10 +838,11 @@ def triton_attention_backward(q, k, v, o, lse, do, *, is_causal=False, scale=Non
       Q-stationary dQ kernel: seven matrix products per (query tile, key tile) pair,
       K and V read twice, every output written by exactly one program, deterministic;
     * ``"atomic_dq"``: one fused KV-stationary kernel that also adds each key tile's
-      share of dQ into a float32 buffer with atomic adds (five products, K and V read
-      once); dQ is converted to the input dtype afterwards. On a GPU the order in which
-      the key tiles' shares arrive varies from run to run, so dQ is not bitwise
-      reproducible (float32 addition is not associative); dK and dV are.
+      share of dQ into a float32 buffer with atomic adds (on sm90, for the tile shapes
+      that read through descriptors, one bulk add a tile by the TMA unit; five products,
+      K and V read once); dQ is converted to the input dtype afterwards. On a GPU the
+      order in which the key tiles' shares arrive varies from run to run, so dQ is not
+      bitwise reproducible (float32 addition is not associative); dK and dV are.
     """
     _check_bwd(bwd)
     sh = _validate(q, k, v, is_causal, scale, enable_gqa, alignment)

@@ -330,21 +330,26 @@ def test_backward_descriptor_tile_shapes_on_the_gpu(monkeypatch, design, causal,
 
 
 def test_backward_descriptor_shapes_are_offered_only_where_they_may_run(monkeypatch):
-    # on sm90 with autotuning the dK/dV list gains descriptor twins of four shapes and the
-    # one-warpgroup 64 x 64 shape through descriptors only; the fused atomic-dQ and the dQ
-    # lists do not (the dQ kernel follows _dq_desc instead)
+    # on sm90 with autotuning the dK/dV list and the fused atomic-dQ kernel's (the same
+    # kernel) gain descriptor twins of four shapes and the one-warpgroup 64 x 64 shape
+    # through descriptors only; the dQ list does not (the dQ kernel follows _dq_desc)
     monkeypatch.setattr(ta.device, "INTERPRET", False)
     monkeypatch.setattr(ta.device, "CAPABILITY", (9, 0))
     monkeypatch.setattr(ta, "_AUTOTUNE", True)
     dkdv, atomic, dq = (ta.bwd_configs(k) for k in ("dkdv", "atomic_dq", "dq"))
-    desc = [c for c in dkdv if c.kwargs.get("DESC")]
-    assert len(desc) == 5 and all(c.num_warps in (4, 8) for c in desc)
     shape = lambda c: (c.kwargs["BLOCK_M1"], c.kwargs["BLOCK_N1"], c.num_warps, c.num_stages)  # noqa: E731
-    ptr = {shape(c) for c in dkdv if not c.kwargs.get("DESC")}
-    assert (64, 64, 4, 2) in {shape(c) for c in desc} and (64, 64, 4, 2) not in ptr
-    assert {shape(c) for c in desc} - {(64, 64, 4, 2)} <= ptr      # the others are twins
-    assert not any(c.kwargs.get("DESC") for c in atomic + dq)
-    assert ta._is_small(dkdv[-1])                          # the small shape stays last
+    for configs in (dkdv, atomic):
+        desc = [c for c in configs if c.kwargs.get("DESC")]
+        assert len(desc) == 5 and all(c.num_warps in (4, 8) for c in desc)
+        ptr = {shape(c) for c in configs if not c.kwargs.get("DESC")}
+        assert (64, 64, 4, 2) in {shape(c) for c in desc} and (64, 64, 4, 2) not in ptr
+        assert {shape(c) for c in desc} - {(64, 64, 4, 2)} <= ptr      # the others are twins
+        assert ta._is_small(configs[-1])                   # the small shape stays last
+    # every fused shape zeroes its float32 dQ before each run (the autotuner runs each
+    # shape many times; without the hook its sums would pile up), no other kernel's does
+    assert all(c.pre_hook is ta._zero_dq for c in atomic)
+    assert not any(c.pre_hook for c in dkdv + dq)
+    assert not any(c.kwargs.get("DESC") for c in dq)
     q = torch.empty(1, dtype=torch.float16)
     for ok in (0, 1):
         kept = ta._fits(dkdv, {"Q": q}, HEAD_DIM=128, DESC_OK=ok)
@@ -356,6 +361,27 @@ def test_backward_descriptor_shapes_are_offered_only_where_they_may_run(monkeypa
     assert (ta._dq_desc(True, 256), ta._dq_desc(True, 512), ta._dq_desc(False, 256)) == \
         (True, False, False)
     assert "DESC_OK" in ta._KEY
+
+
+@pytest.mark.parametrize("nq", [64, 70])
+def test_dq_programs_in_either_order_give_the_same_gradient(monkeypatch, nq):
+    # the dQ kernel's LONGEST_FIRST (benchmarks/dq_order_probe.py) only renumbers the
+    # causal query tiles of a head: every tile still runs once, bit for bit the same
+    q = _rand(1, 2, nq, 16, seed=61).half()
+    k, v = (_rand(1, 2, 48, 16, seed=62 + i).half() for i in range(2))
+    do = _rand(1, 2, nq, 16, seed=64).half()
+    opts = dict(is_causal=True, alignment=CAUSAL_LOWER_RIGHT)
+    o, lse = ta.triton_attention_forward(q, k, v, **opts)
+    got = []
+    for first in (False, True):
+        cfg = triton.Config({"BLOCK_M2": 32, "BLOCK_N2": 16, "LONGEST_FIRST": first},
+                            num_warps=4, num_stages=1)
+        monkeypatch.setattr(ta, "_attn_bwd_dq", triton.autotune(configs=[cfg], key=ta._KEY)(
+            ta._attn_bwd_dq_kernel))
+        got.append(ta.triton_attention_backward(q, k, v, o, lse, do, **opts)[0])
+    assert torch.equal(got[0], got[1])
+    ref = _grads_ref(q, k, v, do, 48 - nq, 1)[0]
+    assert float((got[1].double() - ref).abs().max() / ref.abs().max()) < 1e-2
 
 
 def test_decode_rows_without_keys_are_zero_with_lse_minus_inf():

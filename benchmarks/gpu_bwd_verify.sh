@@ -7,16 +7,8 @@
 set -u
 out=${1:?OUTDIR}; wh=${2:?WHEELHOUSE}; secs=${3:-540}
 mkdir -p "$out"
-extra=/tmp/course-extra
-python3 -m pip install -q --no-index --find-links "$wh" --target "$extra" \
-    nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-    pytest-xdist hypothesis tqdm jupyter_client > "$out/pip.log" 2>&1 \
-    || { echo "install failed"; tail -5 "$out/pip.log"; exit 1; }
-export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter"
-export PYTHONPATH="$extra:$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-{ nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-} > "$out/summary.txt" 2>&1
+source "$(dirname "$0")/gpu_test_env.sh"
+gpu_test_env "$wh" "$out" || exit 1
 chain() {
     local name=$1; shift
     local t0=$SECONDS

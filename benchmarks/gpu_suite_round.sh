@@ -10,16 +10,9 @@ set -u
 out=${1:?OUTDIR}; wh=${2:?WHEELHOUSE}; secs=${3:-540}; workers=${4:-14}
 shift 4 2>/dev/null || shift $#
 mkdir -p "$out"
-extra=/tmp/course-extra
-python3 -m pip install -q --no-index --find-links "$wh" --target "$extra" \
-    nbclient nbformat ipykernel ipywidgets nbval nbconvert "pytest<9.2" pytest-timeout \
-    pytest-xdist hypothesis tqdm jupyter_client latex2mathml ${EXTRA_PKGS:-} > "$out/pip.log" 2>&1 \
-    || { echo "install failed"; tail -5 "$out/pip.log"; exit 1; }
-export PATH="$extra/bin:$PATH" JUPYTER_PATH="$extra/share/jupyter"
-export PYTHONPATH="$extra:$PWD" PYTHONUNBUFFERED=1 MPLBACKEND=Agg OMP_NUM_THREADS=1
-{ nvidia-smi --query-gpu=name --format=csv,noheader | head -1
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-} > "$out/summary.txt" 2>&1
+source "$(dirname "$0")/gpu_test_env.sh"
+gpu_test_env "$wh" "$out" ${EXTRA_PKGS:-} || exit 1
+export OMP_NUM_THREADS=1
 PROGRESS_LOG="$out/progress.txt" timeout "$secs" python3 -m pytest ${TESTS:-tests} -q -p no:cacheprovider \
     -p benchmarks.pytest_progress_log --ignore=tests/browser -n "$workers" --dist loadgroup \
     --timeout 400 "$@" > "$out/suite.txt" 2>&1 &

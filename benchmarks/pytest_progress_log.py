@@ -6,8 +6,11 @@ import os
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("PROGRESS_LOG")
-    # under pytest-xdist the controller sees every worker's reports: log there only
-    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and not report.failed and not report.skipped):
+    # under pytest-xdist the controller sees every worker's reports: log there only; one
+    # line a test (its call), plus set-up or tear-down where they fail or skip it
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when != "call" and not (report.failed or report.skipped):
         return
     with open(path, "a") as f:
         f.write(f"{report.outcome.upper()} {report.nodeid} ({report.when}, "

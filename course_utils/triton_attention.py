@@ -468,6 +468,22 @@ def _load_tile(ptrs, rows_ok, d_ok, MASKED: tl.constexpr, PAD_D: tl.constexpr):
 
 
 @triton.jit
+def _add_tile(ptrs, x, rows_ok, d_ok, MASKED: tl.constexpr, PAD_D: tl.constexpr):
+    """Add the tile ``x`` into global memory through pointers with relaxed atomics (other
+    programs add into the same rows; no ordering is needed), masked as :func:`_load_tile`
+    loads."""
+    if MASKED:
+        if PAD_D:
+            tl.atomic_add(ptrs, x, mask=rows_ok & d_ok, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, x, mask=rows_ok, sem="relaxed")
+    elif PAD_D:
+        tl.atomic_add(ptrs, x, mask=d_ok, sem="relaxed")
+    else:
+        tl.atomic_add(ptrs, x, sem="relaxed")
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sqn, sdn, sdqn,
                 offs_n, offs_d, D, NQ, lo, hi, qk_scale, scale,
                 BLOCK_M1: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -490,9 +506,6 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
     for start_m in range(lo, hi, BLOCK_M1):
         rows = start_m + offs_m
         if MASKED:
-            ok = rows[:, None] < NQ
-            if PAD_D:
-                ok = ok & (offs_d[None, :] < D)
             lse = tl.load(lse_base + rows, mask=rows < NQ, other=0.0)
             delta = tl.load(delta_base + rows, mask=rows < NQ, other=0.0)
         else:
@@ -516,7 +529,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
         dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
         dk += _mm(dsT, tl.trans(qT), UPCAST)
         if ATOMIC_DQ:
-            # other key tiles add into the same rows: relaxed atomics, no ordering needed
+            # other key tiles add into the same rows
             dq = _mm(tl.trans(dsT), k, UPCAST) * scale                    # (BLOCK_M1, D)
             if DESC and _TMA_REDUCE:
                 # one bulk reduction of the whole tile through shared memory (the TMA
@@ -524,12 +537,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
                 dq_base.atomic_add([start_m, 0], dq)
             else:
                 dq_ptrs = dq_base + tl.cast(start_m, tl.int64) * sdqn + dq_off
-                if MASKED:
-                    tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
-                elif PAD_D:
-                    tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
-                else:
-                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                _add_tile(dq_ptrs, dq, rows[:, None] < NQ, offs_d[None, :] < D, MASKED, PAD_D)
     return dk, dv
 
 

@@ -240,13 +240,12 @@ def test_triton_matches_reference(i):
                                      return_partials=True, **case.options())
     ref, ref_lse = decode_attention_reference(q, k, v, sl, return_lse=True, **case.options())
     assert o.dtype == case.dtype and o.shape == q.shape and lse.dtype == torch.float32
-    fp32 = FP32
     # float16 / bfloat16: both round the same float32 rows to the dtype (the policy's
     # tolerance); float32: the interpreter's float32 against the reference's
-    tol = fp32 if case.dtype == torch.float32 else dict(zip(("atol", "rtol"),
+    tol = FP32 if case.dtype == torch.float32 else dict(zip(("atol", "rtol"),
                                                              tolerance_for(case.dtype)))
     check_close(o, ref, **tol, name=f"o of {case.id}", quiet=True)
-    torch.testing.assert_close(lse, ref_lse, **fp32)
+    torch.testing.assert_close(lse, ref_lse, **FP32)
     # the kernel's partial states, folded with lesson 3's merge, give the same rows
     total = None
     for c in range(parts.m.shape[-1]):

@@ -156,41 +156,42 @@ def _module_from(path):
 def variants(args):
     """The backward alone with each ``stages`` of ``--variants`` (and the backward of
     every file of ``--baseline FILE[,FILE...]``, other versions of the module, each named
-    by its file's stem), next to cuDNN's backward of the same point, in one run."""
+    by its file's stem), next to cuDNN's backward of the same point, in one run; each
+    point in every dtype of ``--dtype`` (comma-separated) in turn."""
     from course_utils.hopper import gluon_bwd
     from course_utils.triton_attention import triton_attention_forward
     kernels = {f"stages{x}": (gluon_bwd, int(x)) for x in args.variants.split(",")}
     for path in (args.baseline.split(",") if args.baseline else []):
         kernels[Path(path).stem] = (_module_from(path), 2)
     rows = []
-    for d in (int(x) for x in args.d.split(",")):
-        for n in (int(x) for x in args.n.split(",")):
-            for causal in (False, True):
-                gen = torch.Generator(device=device.DEVICE).manual_seed(n + d)
-                q, k, v = (torch.randn(4, 32, n, d, device=device.DEVICE, dtype=torch.float16,
-                                       generator=gen).requires_grad_() for _ in range(3))
-                do = torch.randn(4, 32, n, d, device=device.DEVICE, dtype=torch.float16,
-                                 generator=gen)
-                flops = common.attention_flops(4, 32, n, n, d, causal, "bwd")
-                row = {"d": d, "n": n, "causal": causal}
-                ob = common.sdpa("cudnn", q, k, v, causal)()
-                row["cudnn"] = flops / common.time_ms(
-                    lambda: torch.autograd.grad(ob, (q, k, v), do, retain_graph=True),
-                    warmup=10, rep=args.rep) * 1e-9
-                o, lse = triton_attention_forward(q, k, v, is_causal=causal)
-                for name, (mod, stages) in kernels.items():
-                    try:
-                        ms = common.time_ms(lambda: mod.attention_gluon_backward(
-                            q, k, v, o, lse, do, is_causal=causal, stages=stages),
-                            warmup=10, rep=args.rep)
-                        row[name] = flops / ms * 1e-9
-                    except Exception as e:  # noqa: BLE001 - report, go on
-                        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:200]
-                rows.append(row)
-                print(json.dumps({k: (round(x, 1) if isinstance(x, float) else x)
-                                  for k, x in row.items()}), flush=True)
-                del ob
-                torch.cuda.empty_cache()
+    points = [(d, n, causal, dname) for d in (int(x) for x in args.d.split(","))
+              for n in (int(x) for x in args.n.split(",")) for causal in (False, True)
+              for dname in args.dtype.split(",")]
+    for d, n, causal, dname in points:
+        gen = torch.Generator(device=device.DEVICE).manual_seed(n + d)
+        q, k, v = (torch.randn(4, 32, n, d, device=device.DEVICE, dtype=DTYPES[dname],
+                               generator=gen).requires_grad_() for _ in range(3))
+        do = torch.randn(4, 32, n, d, device=device.DEVICE, dtype=DTYPES[dname], generator=gen)
+        flops = common.attention_flops(4, 32, n, n, d, causal, "bwd")
+        row = {"d": d, "n": n, "causal": causal, "dtype": dname}
+        ob = common.sdpa("cudnn", q, k, v, causal)()
+        row["cudnn"] = flops / common.time_ms(
+            lambda: torch.autograd.grad(ob, (q, k, v), do, retain_graph=True),
+            warmup=10, rep=args.rep, settle_ms=args.settle) * 1e-9
+        o, lse = triton_attention_forward(q, k, v, is_causal=causal)
+        for name, (mod, stages) in kernels.items():
+            try:
+                ms = common.time_ms(lambda: mod.attention_gluon_backward(
+                    q, k, v, o, lse, do, is_causal=causal, stages=stages),
+                    warmup=10, rep=args.rep, settle_ms=args.settle)
+                row[name] = flops / ms * 1e-9
+            except Exception as e:  # noqa: BLE001 - report, go on
+                row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:200]
+        rows.append(row)
+        print(json.dumps({k: (round(x, 1) if isinstance(x, float) else x)
+                          for k, x in row.items()}), flush=True)
+        del ob
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -205,6 +206,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default=None,
                     help="time only the backward with these stages, e.g. 2,3 (no check)")
+    common.add_settle_option(ap, default=0.0)
     ap.add_argument("--baseline", default=None,
                     help="with --variants: also time these files' attention_gluon_backward "
                          "(comma-separated; each named by its file name)")

@@ -12,7 +12,7 @@ lesson-7 backward (its three kernels), the lesson-6 forward with lazy rescaling
 (``--only lesson6_fwd,lesson6_fwd_lazy``), the best lesson-8 Gluon forward, the FP8
 forward and cuDNN's attention through SDPA, all at B=2, H=16, N=8192, D=128, float16,
 non-causal, and the lesson-8 Gluon backward alone at D = 64 and D = 128 (``--only
-gluon_bwd_d64,gluon_bwd_d128``). The second command prints, per kernel: time, tensor-pipe
+gluon_bwd_d64,gluon_bwd_d128``; ``gluon_bwd_d128_bf16`` the same in bfloat16). The second command prints, per kernel: time, tensor-pipe
 and SM utilisation, registers per thread, and the four largest warp-stall reasons. With
 ``--section SourceCounters`` in the first, ``--source prof.ncu-rep`` lists the machine
 instructions where the warps were sampled most, per kernel.
@@ -83,13 +83,15 @@ def workloads():
         # the Gluon backward alone at both head dims (its forward run once, outside)
         from course_utils.hopper.gluon_bwd import attention_gluon_backward
         from course_utils.triton_attention import triton_attention_forward
-        for d in (64, 128):
+        for d, dt, tag in ((64, torch.float16, ""), (128, torch.float16, ""),
+                           (128, torch.bfloat16, "_bf16")):
             qb, kb, vb, dob = (torch.randn(2, 16, 8192, d, device=device.DEVICE,
-                                           dtype=torch.float16, generator=g)
+                                           dtype=dt, generator=g)
                                for _ in range(4))
             ob, lseb = triton_attention_forward(qb, kb, vb)
-            work[f"gluon_bwd_d{d}"] = (lambda qb=qb, kb=kb, vb=vb, ob=ob, lseb=lseb, dob=dob:
-                                       attention_gluon_backward(qb, kb, vb, ob, lseb, dob))
+            work[f"gluon_bwd_d{d}{tag}"] = (
+                lambda qb=qb, kb=kb, vb=vb, ob=ob, lseb=lseb, dob=dob:
+                attention_gluon_backward(qb, kb, vb, ob, lseb, dob))
     except Exception as e:  # a machine without Gluon still profiles the rest
         print(f"lesson-8 kernels left out: {type(e).__name__}: {e}")
     return work
@@ -157,7 +159,8 @@ def report(rep):
 def source(rep, top=25):
     """Where a saved report's kernels spent their warps' time, per machine instruction
     (``ncu ... --section SourceCounters``): for each kernel, the sampled stall reasons
-    summed per opcode, then the most-sampled instructions. ``rep`` is the .ncu-rep (its
+    summed per opcode, the most-sampled instructions, then the instruction mix (warp
+    instructions executed per opcode). ``rep`` is the .ncu-rep (its
     source page is exported to a .source.csv beside it) or such a .csv itself."""
     if str(rep).endswith(".csv"):
         out = Path(rep).read_text()
@@ -193,6 +196,18 @@ def source(rep, top=25):
         for r in sorted(body, key=lambda r: -(_num(r[col[samp]]) or 0))[:top]:
             v = _num(r[col[samp]]) or 0
             print(f"  {100 * v / total:5.1f}%  {r[col['Source']].strip()[:90]}")
+        execd = "Instructions Executed"
+        if execd in col:
+            # warp-level instructions executed, per opcode with its modifiers (the
+            # instruction mix: which conversions, which spills)
+            mix = {}
+            for r in body:
+                op = re.sub(r"^@!?U?P\w+\s+", "", r[col["Source"]].strip()).split(" ")[0]
+                mix[op] = mix.get(op, 0) + (_num(r[col[execd]]) or 0)
+            n_all = sum(mix.values()) or 1
+            print(f"  instructions executed: {n_all:.0f}; the most frequent opcodes:")
+            for op, v in sorted(mix.items(), key=lambda x: -x[1])[:top]:
+                print(f"  {100 * v / n_all:5.1f}%  {v:14.0f}  {op}")
 
 
 if __name__ == "__main__":

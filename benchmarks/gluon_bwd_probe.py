@@ -4,6 +4,8 @@ run.
 
     python benchmarks/gluon_bwd_probe.py [--check-only] [--d 64,128] [--n 4096,16384]
                                          [--dtype fp16] [--rep 30] [--out FILE]
+    python benchmarks/gluon_bwd_probe.py --variants 2 [--baseline OLD.py,...]
+                                         [--dtype fp16,bf16] [--settle MS] [--out FILE]
 
 Check: gradients of ragged, GQA and masked cases (both causal alignments, rows that see
 no key) against float64 autograd, next to the Triton backward's error on the same case.
@@ -157,7 +159,8 @@ def variants(args):
     """The backward alone with each ``stages`` of ``--variants`` (and the backward of
     every file of ``--baseline FILE[,FILE...]``, other versions of the module, each named
     by its file's stem), next to cuDNN's backward of the same point, in one run; each
-    point in every dtype of ``--dtype`` (comma-separated) in turn."""
+    point in every dtype of ``--dtype`` (comma-separated) in turn; ``NAME_same_dkdv``:
+    whether a version's dK and dV equal the first version's bit for bit."""
     from course_utils.hopper import gluon_bwd
     from course_utils.triton_attention import triton_attention_forward
     kernels = {f"stages{x}": (gluon_bwd, int(x)) for x in args.variants.split(",")}
@@ -179,12 +182,21 @@ def variants(args):
             lambda: torch.autograd.grad(ob, (q, k, v), do, retain_graph=True),
             warmup=10, rep=args.rep, settle_ms=args.settle) * 1e-9
         o, lse = triton_attention_forward(q, k, v, is_causal=causal)
+        first = None
         for name, (mod, stages) in kernels.items():
             try:
                 ms = common.time_ms(lambda: mod.attention_gluon_backward(
                     q, k, v, o, lse, do, is_causal=causal, stages=stages),
                     warmup=10, rep=args.rep, settle_ms=args.settle)
                 row[name] = flops / ms * 1e-9
+                # dK and dV are reproducible (dQ's float32 adds come in varying order):
+                # whether each version's equal the first version's bit for bit
+                dkdv = mod.attention_gluon_backward(q, k, v, o, lse, do, is_causal=causal,
+                                                    stages=stages)[1:]
+                if first is None:
+                    first = dkdv
+                else:
+                    row[f"{name}_same_dkdv"] = all(map(torch.equal, dkdv, first))
             except Exception as e:  # noqa: BLE001 - report, go on
                 row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:200]
         rows.append(row)

@@ -488,7 +488,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
                 offs_n, offs_d, D, NQ, lo, hi, qk_scale, scale,
                 BLOCK_M1: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                 PAD_D: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DESC: tl.constexpr = False, P_16BIT: tl.constexpr = False):
+                DESC: tl.constexpr = False):
     """Add the query tiles ``[lo, hi)`` into one key/value tile's ``dK`` and ``dV``.
 
     Works on transposed tiles (keys along rows): ``S^T = K Q^T``, ``P^T``, ``dP^T = V dO^T``.
@@ -498,9 +498,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
     ``DESC``: ``q_base``/``do_base`` are the query head's tensor descriptors; a tile is one
     ``load([start_m, 0])`` that comes back zero past ``NQ`` and past the head dim. With
     ``ATOMIC_DQ`` on a GPU ``dq_base`` is then dQ's descriptor too: one bulk reduce-add a
-    tile (``_TMA_REDUCE``). ``P_16BIT``: ``P^T`` is kept only in the inputs' 16 bits once
-    it is made (``dS^T`` reads it back from there), so its float32 copy need not stay live
-    across ``dP^T = V dO^T``."""
+    tile (``_TMA_REDUCE``)."""
     offs_m = tl.arange(0, BLOCK_M1)
     qT_off = offs_m[None, :] * sqn + offs_d[:, None]                 # (D, BLOCK_M1): Q^T
     do_off = offs_m[:, None] * sdn + offs_d[None, :]                 # (BLOCK_M1, D)
@@ -526,12 +524,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, sq
         if MASKED:
             if CAUSAL:
                 pT = tl.where(rows[None, :] >= offs_n[:, None], pT, 0.0)
-        if P_16BIT:
-            pT = pT.to(do.dtype)
-            dv += _mm(pT, do, UPCAST)
-            pT = pT.to(tl.float32)
-        else:
-            dv += _mm(pT.to(do.dtype), do, UPCAST)
+        dv += _mm(pT.to(do.dtype), do, UPCAST)
         dpT = _mm(v, tl.trans(do), UPCAST)
         dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
         dk += _mm(dsT, tl.trans(qT), UPCAST)
@@ -557,8 +550,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                           UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                           BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
-                          DESC: tl.constexpr = False, DESC_OK=0,
-                          P_16BIT: tl.constexpr = False):
+                          DESC: tl.constexpr = False, DESC_OK=0):
     # ATOMIC_DQ: the fused backward; also adds dQ into the float32 DQ (zeroed before the
     # launch) with atomics. Otherwise DQ is not touched and the dQ kernel computes it.
     # DESC (tile shapes the autotuner may pick on sm90 when DESC_OK): the query tiles of Q
@@ -608,19 +600,18 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base,
                                  DELTA + row_base, dq_base, sqn, sdn, sdqn, offs_n - CAUSAL_OFF,
                                  offs_d, D, NQ, band_lo, tl.minimum(band_hi, NQ), qk_scale,
-                                 scale, BLOCK_M1, True, True, PAD_D, UPCAST, ATOMIC_DQ, DESC,
-                                 P_16BIT)
+                                 scale, BLOCK_M1, True, True, PAD_D, UPCAST, ATOMIC_DQ, DESC)
             lo = band_hi                         # below the band every key is visible
         else:
             lo = 0
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              dq_base, sqn, sdn, sdqn, offs_n, offs_d, D, NQ, lo, nq_full,
                              qk_scale, scale, BLOCK_M1, False, False, PAD_D, UPCAST, ATOMIC_DQ,
-                             DESC, P_16BIT)
+                             DESC)
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              dq_base, sqn, sdn, sdqn, offs_n, offs_d, D, NQ,
                              tl.maximum(lo, nq_full), NQ, qk_scale, scale, BLOCK_M1, True, False,
-                             PAD_D, UPCAST, ATOMIC_DQ, DESC, P_16BIT)
+                             PAD_D, UPCAST, ATOMIC_DQ, DESC)
     tl.store(DK + b * sdkb + kvh * sdkh + row0 * sdkn + in_t * sdkn + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=ok)
     tl.store(DV + b * sdvb + kvh * sdvh + row0 * sdvn + in_t * sdvn + offs_d[None, :],

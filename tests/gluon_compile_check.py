@@ -80,7 +80,9 @@ def _compile_instead(self, grid):
         options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "num_ctas")
                    if k in kwargs}
         kernel = triton.compile(_source(self, args, kwargs), target=TARGET, options=options)
-        compiled.append((self.__name__, kernel.metadata.shared))
+        # bfloat16 roundings of two values at once in the PTX (gluon_bwd._round_16)
+        compiled.append((self.__name__, kernel.metadata.shared,
+                         kernel.asm["ptx"].count("cvt.rn.bf16x2.f32")))
     return launch
 
 
@@ -127,12 +129,15 @@ def main():
                       lambda d=d: gluon_fwd.attention_gluon_fp8(
                           fp8.prepare_fp8(*qkv(d), kernel="gluon", block_m=128, block_n=128))))
 
-        def backward(d=d):
-            q, k, v = qkv(d)
+        def backward(d=d, dtype=torch.float16):
+            q, k, v = qkv(d, dtype)
             o, lse = q.clone(), torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device)
             return gluon_bwd.attention_gluon_backward(q, k, v, o, lse, torch.ones_like(o),
                                                       is_causal=True, enable_gqa=True)
         calls.append((f"attention_gluon_backward D={d} causal", backward))
+        # bfloat16 rounds P^T and dS^T through inline PTX (gluon_bwd._round_16)
+        calls.append((f"attention_gluon_backward D={d} bf16 causal",
+                      lambda d=d: backward(d, torch.bfloat16)))
     bad = 0
     for label, call in calls:
         del compiled[:]
@@ -143,10 +148,11 @@ def main():
             last = traceback.format_exception_only(type(e), e)[-1].strip()
             print(f"FAIL {label}: {last[:1500]}")
             continue
-        big = [(n, s) for n, s in compiled if s > SM90_SHARED]
+        big = [(n, s) for n, s, _ in compiled if s > SM90_SHARED]
         bad += bool(big) or not compiled
         print(f"{'ok  ' if compiled and not big else 'FAIL'} {label}: "
-              + ", ".join(f"{n} ({s} bytes shared)" for n, s in compiled))
+              + ", ".join(f"{n} ({s} bytes shared" + (f", {p} packed bf16 roundings" if p else "")
+                          + ")" for n, s, p in compiled))
     print(f"# triton {triton.__version__}: {len(calls) - bad} of {len(calls)} calls compiled for sm90")
     return 1 if bad else 0
 

@@ -158,3 +158,37 @@ def test_autograd_pairs_the_gluon_forward_with_this_backward():
     assert _rel(o, o64) < 4e-3
     for name, x, r in zip(("dq", "dk", "dv"), grads, refs):
         assert _rel(x, r) < BOUND[torch.float16], name
+
+
+
+if gluon_bwd.GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    @gluon.jit
+    def _round_kernel(x_ptr, y_ptr, N: gl.constexpr):
+        layout: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])
+        offs = gl.arange(0, N, layout=layout)
+        gl.store(y_ptr + offs, gluon_bwd._round_16(gl.load(x_ptr + offs), gl.bfloat16))
+
+
+@pytest.mark.hopper
+def test_packed_bfloat16_rounding_matches_torch_bit_for_bit():
+    # _round_16 writes float32 -> bfloat16 as one PTX instruction per pair of values: the
+    # same rounding as torch's (to nearest, ties to even), each value in its own place
+    # (a swapped pair would put every odd value first), infinities and NaN kept
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4096, generator=g) * 10.0 ** torch.randint(-30, 30, (4096,), generator=g)
+    # exact ties: 1..512 with the highest bit that bfloat16 drops set, halfway between
+    # two bfloat16 neighbours (half of them round up under ties-to-even)
+    x[:512] = torch.arange(1, 513, dtype=torch.float32).view(torch.int32) \
+        .bitwise_or(0x8000).view(torch.float32)
+    x[512:516] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    x = x.to(DEV)
+    y = torch.empty(x.shape, device=DEV, dtype=torch.bfloat16)
+    _round_kernel[(1,)](x, y, N=x.numel(), num_warps=4)
+    want = x.to(torch.bfloat16)
+    assert torch.equal(y[:514].view(torch.int16), want[:514].view(torch.int16))
+    assert torch.isnan(y[514]) and torch.equal(y[515:], want[515:])
+    chopped = x[:512].view(torch.int32).bitwise_and(-65536).view(torch.float32)
+    assert not torch.equal(y[:512], chopped.to(torch.bfloat16))       # not truncation

@@ -145,6 +145,19 @@ if GLUON_AVAILABLE:
                                                   coord, src.handle)
 
     @gluon.jit
+    def _round_16(x, dtype: gl.constexpr):
+        # float32 -> dtype, to nearest even. bfloat16 two values at a time, in one packed
+        # instruction: from a plain .to(), Triton 3.6 rounded P^T one value at a time
+        # (F2F.BF16.F32, issued to the unit exp2 runs on), and the bfloat16 backward ran
+        # slower than the float16 one (benchmarks/<device>/ablation.md, "bfloat16 rounding")
+        if dtype == gl.bfloat16:
+            # $1 is the first value of each pair and goes to the low half of the result
+            return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],
+                                             dtype=gl.bfloat16, is_pure=True, pack=2)
+        else:
+            return x.to(dtype)
+
+    @gluon.jit
     def _bwd_loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                     q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, kv_row,
                     q_head0, nq, group, i_lo, n_tiles):
@@ -238,14 +251,14 @@ if GLUON_AVAILABLE:
                     st = gl.where(seen, st, float("-inf"))
                 # P^T is kept in 16 bits only (the tensor cores take it so, and dS^T below
                 # is rounded to 16 bits too): 32 registers a thread fewer than float32
-                pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0)).to(dtype)
+                pt = _round_16(gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0)), dtype)
                 # 3. dV_c += P^T dO, P^T from registers
                 pa = gl.convert_layout(pt, a_layout)
                 dv = warpgroup_mma(pa, do_t, dv, is_async=True)
                 delta = delta_smem.index(s).load(col_l)
                 dpt = warpgroup_mma_wait(1, deps=(dpt,))
                 # 4. dS^T = P^T (dP^T - Delta); dK_c += dS^T Q
-                dst = (pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+                dst = _round_16(pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0)), dtype)
                 dsa = gl.convert_layout(dst, a_layout)
                 dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
                 # 5. this consumer's dS^T rows into buffer b, once both consumers have read

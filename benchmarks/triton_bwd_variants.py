@@ -1,0 +1,80 @@
+"""Probe: lesson 7's autotuned backward against other versions of its module, timed
+point by point in one run. Needs a CUDA GPU.
+
+    python benchmarks/triton_bwd_variants.py --variants OLD.py[,NEW.py...] --d 128 \
+        --dtype bf16 --out triton_bwd_variants.json
+
+Each file of ``--variants`` is a copy of ``course_utils/triton_attention.py`` with one
+change; it is loaded as a module of its own (its kernels compile and autotune apart from
+the course's) and named by its file's stem. At every point (B = 4, H = 32, ``N = Nq =
+Nk``) the course's forward makes ``o`` and the LSE once; then the course's backward and
+each variant's are timed in turns, ``--rounds`` times, each settled first. Every
+variant's gradients are compared with the course's before timing (largest error relative
+to the largest entry, and whether they are equal bit for bit).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from course_utils import triton_attention as ta  # noqa: E402  (before triton)
+from course_utils.bench import common  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bwd_desc_probe import add_point_options, emitter, gpu_ready, make_point  # noqa: E402
+
+
+def _module(path):
+    spec = importlib.util.spec_from_file_location(f"variant_{Path(path).stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rel_err(got, want):
+    return max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+               for a, b in zip(got, want))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    add_point_options(ap)
+    ap.add_argument("--variants", required=True, help="comma-separated module files")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args(argv)
+    if not gpu_ready():
+        return 0
+    mods = {"course": ta}
+    for path in a.variants.split(","):
+        mods[Path(path).stem] = _module(path)
+    emit = emitter("triton_bwd_variants.py", a.out, argv)
+    for dtype in a.dtype.split(","):
+        for d in (int(x) for x in a.d.split(",")):
+            for n in (int(x) for x in a.n.split(",")):
+                for causal in (False, True):
+                    (q, k, v, do, o, lse), fl, point = make_point(d, n, causal, dtype)
+                    row = dict(point)
+                    fns = {name: (lambda m=m: m.triton_attention_backward(
+                        q, k, v, o, lse, do, is_causal=causal)) for name, m in mods.items()}
+                    ref = fns["course"]()
+                    for name, fn in fns.items():
+                        if name != "course":
+                            got = fn()
+                            row[f"{name}_rel_err"] = _rel_err(got, ref)
+                            row[f"{name}_same"] = all(map(torch.equal, got, ref))
+                    for r in range(a.rounds):
+                        for name, fn in fns.items():
+                            t = common.time_ms(fn, rep=a.rep, settle_ms=a.settle)
+                            row[f"{name}_{r}"] = round(fl / t / 1e9, 1)
+                    emit(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

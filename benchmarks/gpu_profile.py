@@ -217,9 +217,11 @@ if __name__ == "__main__":
     ap.add_argument("--source", metavar="REP",
                     help="stall reasons per machine instruction of a saved report "
                          "(SourceCounters), or of its exported .source.csv")
+    ap.add_argument("--top", type=int, default=25,
+                    help="with --source: how many rows each of its lists shows")
     args = ap.parse_args()
     if args.source:
-        source(args.source)
+        source(args.source, top=args.top)
     elif args.report:
         report(args.report)
     else:

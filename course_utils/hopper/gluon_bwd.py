@@ -147,9 +147,9 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _round_16(x, dtype: gl.constexpr):
         # float32 -> dtype, to nearest even. bfloat16 two values at a time, in one packed
-        # instruction: from a plain .to(), Triton 3.6 rounded P^T one value at a time
-        # (F2F.BF16.F32, issued to the unit exp2 runs on), and the bfloat16 backward ran
-        # slower than the float16 one (benchmarks/<device>/ablation.md, "bfloat16 rounding")
+        # instruction: from a plain .to(), Triton 3.6 rounded P^T one value an instruction
+        # (F2F.BF16.F32, as many as the exponentials), and the bfloat16 backward ran slower
+        # than the float16 one (benchmarks/<device>/ablation.md, "bfloat16 rounding")
         if dtype == gl.bfloat16:
             # $1 is the first value of each pair and goes to the low half of the result
             return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x],

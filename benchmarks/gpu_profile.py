@@ -12,10 +12,11 @@ lesson-7 backward (its three kernels), the lesson-6 forward with lazy rescaling
 (``--only lesson6_fwd,lesson6_fwd_lazy``), the best lesson-8 Gluon forward, the FP8
 forward and cuDNN's attention through SDPA, all at B=2, H=16, N=8192, D=128, float16,
 non-causal, and the lesson-8 Gluon backward alone at D = 64 and D = 128 (``--only
-gluon_bwd_d64,gluon_bwd_d128``; ``gluon_bwd_d128_bf16`` the same in bfloat16). The second command prints, per kernel: time, tensor-pipe
-and SM utilisation, registers per thread, and the four largest warp-stall reasons. With
-``--section SourceCounters`` in the first, ``--source prof.ncu-rep`` lists the machine
-instructions where the warps were sampled most, per kernel.
+gluon_bwd_d64,gluon_bwd_d128``; ``gluon_bwd_d128_bf16`` the same in bfloat16). The
+second command prints, per kernel: time, tensor-pipe and SM utilisation, registers per
+thread, and the four largest warp-stall reasons. With ``--section SourceCounters`` in the
+first, ``--source prof.ncu-rep`` lists, per kernel, the machine instructions where the
+warps were sampled most and the instructions executed per opcode (``--top N`` rows each).
 """
 from __future__ import annotations
 

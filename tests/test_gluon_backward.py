@@ -160,7 +160,6 @@ def test_autograd_pairs_the_gluon_forward_with_this_backward():
         assert _rel(x, r) < BOUND[torch.float16], name
 
 
-
 if gluon_bwd.GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -180,7 +179,7 @@ def test_packed_bfloat16_rounding_matches_torch_bit_for_bit():
     g = torch.Generator().manual_seed(11)
     x = torch.randn(4096, generator=g) * 10.0 ** torch.randint(-30, 30, (4096,), generator=g)
     # exact ties: 1..512 with the highest bit that bfloat16 drops set, halfway between
-    # two bfloat16 neighbours (half of them round up under ties-to-even)
+    # two bfloat16 neighbours (ties to even: some round up, some down)
     x[:512] = torch.arange(1, 513, dtype=torch.float32).view(torch.int32) \
         .bitwise_or(0x8000).view(torch.float32)
     x[512:516] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])

@@ -27,7 +27,8 @@ from course_utils import triton_attention as ta  # noqa: E402  (before triton)
 from course_utils.bench import common  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bwd_desc_probe import add_point_options, emitter, gpu_ready, make_point  # noqa: E402
+from bwd_desc_probe import (_rel_err, add_point_options, emitter, gpu_ready,  # noqa: E402
+                            make_point)
 
 
 def _module(path):
@@ -35,11 +36,6 @@ def _module(path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _rel_err(got, want):
-    return max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
-               for a, b in zip(got, want))
 
 
 def main(argv=None):

@@ -2,6 +2,10 @@
 compiler reports them (no timing): ``python benchmarks/kernel_resources.py``.
 ``--gluon``: the same for lesson 8's ping-pong Gluon forward with two and three consumer
 warpgroups and key blocks of 64, 128 and 256 (sm90).
+``--waits``: no GPU needed either; the order in which the sm90 code of the lesson-6 forward
+and of lesson 7's dK/dV kernel issues its tensor-core products (``warp_group_dot``) and
+waits for them (``warp_group_dot_wait``) inside the key / query loop, from the compiler's
+TritonGPU IR.
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
@@ -16,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if "--sm90" in sys.argv[1:]:
+if {"--sm90", "--waits"} & set(sys.argv[1:]):
     # compile for the GPU even on a machine without one: the course turns on Triton's
     # interpreter there, so switch it back off before the kernels are defined
     import course_utils.device  # noqa: E402,F401
@@ -31,11 +35,11 @@ from course_utils import triton_attention as ta  # noqa: E402
 _POINTERS = {"Q", "K", "V", "O", "DO", "LSE", "DELTA", "DK", "DV", "DQ"}
 
 
-def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
-    """Compile ``fn`` for sm90 with the constexprs ``const``; return (registers, stack
-    bytes a thread, shared bytes). Pointers are float16 except those named in ``fp32``;
-    ``qk_scale`` / ``scale`` are floats, other arguments 32-bit ints; pointers and strides
-    (arguments starting with ``s``) are marked 16-aligned, as on contiguous tensors."""
+def _sm90_compile(fn, const, warps, stages, fp32=("LSE", "DELTA")):
+    """Compile ``fn`` for sm90 with the constexprs ``const``. Pointers are float16 except
+    those named in ``fp32``; ``qk_scale`` / ``scale`` are floats, other arguments 32-bit
+    ints; pointers and strides (arguments starting with ``s``) are marked 16-aligned, as on
+    contiguous tensors."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -54,8 +58,15 @@ def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, attrs=attrs,
                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
+    """Compile as :func:`_sm90_compile`; return (registers, stack bytes a thread, shared
+    bytes)."""
+    import triton
+    k = _sm90_compile(fn, const, warps, stages, fp32)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
@@ -152,7 +163,53 @@ def gluon():
         gf._attn_fwd_gluon = real
 
 
+def _loop_products(ttgir):
+    """The tensor-core products and waits of the first innermost loop that issues products,
+    in order: ``("dot", name, accumulates)`` and ``("wait", pendings)``; ``name`` is the
+    source variable the compiler tagged the product with, ``accumulates`` whether it adds
+    into a value carried round the loop rather than into zeros."""
+    frames, depth = [], 0                  # open loops: [depth at the for, items, nested]
+    for line in ttgir.splitlines():
+        s = line.strip()
+        if "scf.for" in s:
+            if frames:
+                frames[-1][2] = True
+            frames.append([depth, [], False])
+        elif frames and "ttng.warp_group_dot_wait" in s:
+            frames[-1][1].append(("wait", int(re.search(r"pendings = (\d+)", s).group(1))))
+        elif frames and "ttng.warp_group_dot " in s:
+            name = re.match(r"%([A-Za-z]+)", s).group(1)
+            acc = s.split("ttng.warp_group_dot ")[1].split("{")[0].split(",")[2].strip()
+            frames[-1][1].append(("dot", name, not acc.startswith("%cst")))
+        depth += line.count("{") - line.count("}")
+        while frames and depth <= frames[-1][0]:
+            start, items, nested = frames.pop()
+            if not nested and any(x[0] == "dot" for x in items):
+                return items
+    return []
+
+
+def waits():
+    print("products (warp_group_dot) and waits (warp_group_dot_wait) inside the main loop, "
+          "in program order, as Triton compiles them for sm90 (float16, D = 128)")
+    base = dict(PAD_D=False, UPCAST=False, HEAD_DIM=128, CAUSAL=False)
+    for label, fn, const, w, st in (
+            ("lesson 6 forward, 128 x 64, 4 warps, 2 stages, descriptors", ta._attn_fwd_kernel,
+             dict(base, POS_SCALE=True, BLOCK_M=128, BLOCK_N=64, WS=False, LAZY=False,
+                  DESC=True), 4, 2),
+            ("lesson 7 dK/dV kernel, 64 x 64, 4 warps, 2 stages, descriptors",
+             ta._attn_bwd_dkdv_kernel,
+             dict(base, ATOMIC_DQ=False, BLOCK_M1=64, BLOCK_N1=64, DESC=True), 4, 2)):
+        seq = _loop_products(_sm90_compile(fn, const, w, st).asm["ttgir"])
+        print(f"{label}:")
+        for item in seq:
+            print(f"  wait until at most {item[1]} products are in flight" if item[0] == "wait"
+                  else f"  issue {item[1]} ({'adds into its accumulator' if item[2] else 'fresh'})")
+
+
 def main():
+    if "--waits" in sys.argv[1:]:
+        return waits()
     if "--gluon" in sys.argv[1:]:
         return gluon()
     if "--sm90" in sys.argv[1:]:

@@ -15,7 +15,6 @@ to the largest entry, and whether they are equal bit for bit).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -29,13 +28,7 @@ from course_utils.bench import common  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bwd_desc_probe import (_rel_err, add_point_options, emitter, gpu_ready,  # noqa: E402
                             make_point)
-
-
-def _module(path):
-    spec = importlib.util.spec_from_file_location(f"variant_{Path(path).stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from gluon_bwd_probe import _module_from  # noqa: E402  (a module file loaded apart)
 
 
 def main(argv=None):
@@ -48,7 +41,7 @@ def main(argv=None):
         return 0
     mods = {"course": ta}
     for path in a.variants.split(","):
-        mods[Path(path).stem] = _module(path)
+        mods[Path(path).stem] = _module_from(path)
     emit = emitter("triton_bwd_variants.py", a.out, argv)
     for dtype in a.dtype.split(","):
         for d in (int(x) for x in a.d.split(",")):

@@ -6,6 +6,11 @@ warpgroups and key blocks of 64, 128 and 256 (sm90).
 and of lesson 7's dK/dV kernel issues its tensor-core products (``warp_group_dot``) and
 waits for them (``warp_group_dot_wait``) inside the key / query loop, from the compiler's
 TritonGPU IR.
+``--gluon-bwd [FILE,...]``: no GPU needed; lesson 8's Gluon backward (the course's module,
+or each named file, another version of ``course_utils/hopper/gluon_bwd.py``) compiled for
+sm90 at D = 64 and 128, float16 and bfloat16, causal and not: stack bytes a thread and
+whether ptxas serialized the tensor-core products (``tests/gluon_compile_check.py``'s
+reading of ptxas's report).
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
@@ -20,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if {"--sm90", "--waits"} & set(sys.argv[1:]):
+if {"--sm90", "--waits", "--gluon-bwd"} & set(sys.argv[1:]):
     # compile for the GPU even on a machine without one: the course turns on Triton's
     # interpreter there, so switch it back off before the kernels are defined
     import course_utils.device  # noqa: E402,F401
@@ -207,9 +212,46 @@ def waits():
                   else f"  issue {item[1]} ({'adds into its accumulator' if item[2] else 'fresh'})")
 
 
+def gluon_bwd(files):
+    import importlib.util
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import gluon_compile_check as cc
+    from course_utils import device
+    from course_utils.hopper import gluon_bwd as course
+    cc.JITFunction.__getitem__ = cc._compile_instead       # compile for sm90, do not run
+    torch.cuda.get_device_properties = lambda *_: cc._Props()
+    device.IS_HOPPER = True
+    mods = {"course": course}
+    for f in files:
+        spec = importlib.util.spec_from_file_location(f"variant_{Path(f).stem}", f)
+        mods[Path(f).stem] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mods[Path(f).stem])
+    print("lesson 8's Gluon backward compiled for sm90 (Triton "
+          f"{__import__('triton').__version__}): stack bytes a thread, wgmma serialized?")
+    for name, mod in mods.items():
+        for d in (64, 128):
+            for dt in (torch.float16, torch.bfloat16):
+                for causal in (False, True):
+                    g = torch.Generator().manual_seed(d)
+                    q = torch.randn(1, 4, 300, d, generator=g).to(dt)
+                    k = torch.randn(1, 2, 260, d, generator=g).to(dt)
+                    del cc.compiled[:]
+                    mod.attention_gluon_backward(q, k, k, q.clone(), torch.zeros(1, 4, 300),
+                                                 torch.ones_like(q), is_causal=causal,
+                                                 enable_gqa=True)
+                    _, _, _, stack, why = next(c for c in cc.compiled
+                                               if c[0] == "_attn_bwd_gluon")
+                    print(f"{name}: D={d} {str(dt)[6:]} causal={int(causal)}: stack {stack}, "
+                          f"serialized: {'; '.join(why) or 'no'}")
+
+
 def main():
     if "--waits" in sys.argv[1:]:
         return waits()
+    if "--gluon-bwd" in sys.argv[1:]:
+        i = sys.argv.index("--gluon-bwd")
+        more = sys.argv[i + 1] if len(sys.argv) > i + 1 else ""
+        return gluon_bwd([f for f in more.split(",") if f])
     if "--gluon" in sys.argv[1:]:
         return gluon()
     if "--sm90" in sys.argv[1:]:

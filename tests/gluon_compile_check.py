@@ -6,13 +6,20 @@ functions with small CPU tensors and a stand-in for every launch: each ``kernel[
 is compiled for ``cuda:90`` instead of run, from the same arguments. It prints one line per
 call: the kernels compiled, their shared memory, or the error. A call whose kernel uses a
 name the installed Triton does not have, or does not type-check, fails here, before anyone
-takes it to a GPU.
+takes it to a GPU. So does one whose tensor-core products ptxas had to serialize: when a
+product's accumulator is still in flight where other instructions touch its registers (a
+value merged across a runtime branch, a register spilled) or registers run short, ptxas
+makes every ``wgmma`` wait for the one before it, and the kernel still runs correctly,
+only far slower. ptxas says so in its report (``-v``, warnings C7510-C7520, "wgmma.mma_async
+instructions are serialized"); the script reruns Triton's ptxas on each kernel's PTX to
+read that report, with the stack bytes a thread (spilled registers live there).
 
     python tests/gluon_compile_check.py        (exit status 1 if any call failed)
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -75,14 +82,37 @@ def _source(fn, args, kwargs):
     return ASTSource(fn=fn, signature=sig, constexprs=consts)
 
 
+def ptxas_report(ptx):
+    """What ptxas (the one Triton uses for sm90) says of this PTX with ``-v``: the stack
+    bytes a thread and, if it serialized the kernel's wgmma products, why (a list of the
+    reasons it gives; empty if it did not)."""
+    import subprocess
+    import tempfile
+    from triton.backends.nvidia.compiler import get_ptxas
+    arch = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        run = subprocess.run([get_ptxas(90).path, f"-arch={arch}", "-v", str(src), "-o",
+                              str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
+    log = run.stdout + run.stderr
+    if run.returncode:
+        raise RuntimeError(f"ptxas failed: {log[-1000:]}")
+    stack = sum(int(x) for x in re.findall(r"(\d+) bytes stack frame", log))
+    why = re.findall(r"wgmma\.mma_async instructions are serialized due to (.*?)"
+                     r"(?: (?:in|for) the function|$)", log, re.M)
+    return stack, [" ".join(w.split()) for w in why]
+
+
 def _compile_instead(self, grid):
     def launch(*args, **kwargs):
         options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "num_ctas")
                    if k in kwargs}
         kernel = triton.compile(_source(self, args, kwargs), target=TARGET, options=options)
+        ptx = kernel.asm["ptx"]
         # bfloat16 roundings of two values at once in the PTX (gluon_bwd._round_16)
         compiled.append((self.__name__, kernel.metadata.shared,
-                         kernel.asm["ptx"].count("cvt.rn.bf16x2.f32")))
+                         ptx.count("cvt.rn.bf16x2.f32"), *ptxas_report(ptx)))
     return launch
 
 
@@ -148,11 +178,15 @@ def main():
             last = traceback.format_exception_only(type(e), e)[-1].strip()
             print(f"FAIL {label}: {last[:1500]}")
             continue
-        big = [(n, s) for n, s, _ in compiled if s > SM90_SHARED]
-        bad += bool(big) or not compiled
-        print(f"{'ok  ' if compiled and not big else 'FAIL'} {label}: "
-              + ", ".join(f"{n} ({s} bytes shared" + (f", {p} packed bf16 roundings" if p else "")
-                          + ")" for n, s, p in compiled))
+        # a kernel that asks for more shared memory than an sm90 block has, or whose
+        # tensor-core products ptxas serialized, fails
+        wrong = [c for c in compiled if c[1] > SM90_SHARED or c[4]]
+        bad += bool(wrong) or not compiled
+        print(f"{'ok  ' if compiled and not wrong else 'FAIL'} {label}: "
+              + ", ".join(f"{n} ({s} bytes shared, {st} bytes stack"
+                          + (f", {p} packed bf16 roundings" if p else "")
+                          + (f", wgmma serialized: {'; '.join(why)}" if why else "") + ")"
+                          for n, s, p, st, why in compiled))
     print(f"# triton {triton.__version__}: {len(calls) - bad} of {len(calls)} calls compiled for sm90")
     return 1 if bad else 0
 

@@ -37,6 +37,9 @@ def test_every_gluon_kernel_call_compiles_for_sm90():
                         if f"attention_gluon_backward D={d} {dt}:" in x)
             assert ("packed bf16 roundings" in line.split("_attn_bwd_gluon")[1]) == packed, line
     assert "FAIL" not in out
+    # ptxas kept every kernel's tensor-core products in flight (a serialized one fails the
+    # script; the test below shows the check catching one)
+    assert "wgmma serialized" not in out and out.count("bytes stack") >= 30, out
     # every schedule of the forward, FP8 and the backward were among them
     for what in ("fastest causal=True", "pingpong-persistent", "attention_gluon_fp8 D=128",
                  "attention_gluon_backward D=64", "three interleaved 1 stage"):
@@ -82,3 +85,55 @@ def test_the_compile_check_compiles_a_kernel_and_refuses_a_misnamed_one(tmp_path
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "compiled [('doubled'," in run.stdout, run.stdout
     assert "refused CompilationError" in run.stdout and "misnamed compiled" not in run.stdout
+
+
+_SERIAL_PROBE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch
+    import tests.gluon_compile_check as cc
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+
+    @gluon.jit
+    def two_products(out_ptr, flag, BRANCH: gl.constexpr):
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, 64, 16])
+        smem_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
+        a = gl.allocate_shared_memory(gl.float16, [64, 64], smem_l)
+        zero = gl.zeros([64, 64], gl.float32, acc_l)
+        x = warpgroup_mma(a, a, zero, use_acc=False, is_async=True)
+        y = warpgroup_mma_init(zero)
+        if BRANCH:
+            if flag > 0:      # the second product's accumulator merged across a branch
+                y = warpgroup_mma(a, a.permute((1, 0)), zero, use_acc=False, is_async=True)
+        else:
+            y = warpgroup_mma(a, a.permute((1, 0)), zero, use_acc=False, is_async=True)
+        x = warpgroup_mma_wait(1, deps=(x,))
+        y = warpgroup_mma_wait(0, deps=(y,))
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, acc_l))
+        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, acc_l))
+        gl.store(out_ptr + rows[:, None] * 64 + cols[None, :], x + y)
+
+    cc.JITFunction.__getitem__ = cc._compile_instead
+    for branch in (False, True):
+        two_products[(1,)](torch.zeros(64 * 64), 1, BRANCH=branch, num_warps=4)
+        print("branch" if branch else "straight", "serialized:", cc.compiled[-1][4])
+""")
+
+
+def test_the_compile_check_reports_serialized_tensor_core_products(tmp_path):
+    # two asynchronous products in flight together: straight, ptxas keeps them in flight;
+    # with the second one issued inside a runtime branch (its accumulator merged with the
+    # zeros it started from, as a loop that skips a product on some steps writes it),
+    # ptxas serializes every product, and the compile check must say so
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    probe = tmp_path / "serial_probe.py"
+    probe.write_text(_SERIAL_PROBE.format(root=str(ROOT)))
+    run = _run(probe)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    lines = dict(x.split(" serialized: ") for x in run.stdout.splitlines() if "serialized:" in x)
+    assert lines["straight"] == "[]", run.stdout
+    assert "accumulator registers" in lines["branch"], run.stdout

@@ -157,20 +157,6 @@ if GLUON_AVAILABLE:
         else:
             return x.to(dtype)
 
-    _DQ_AT = gl.constexpr(2)
-
-    @gluon.jit
-    def _dq_out(dq, dq_c, dq_desc, row, col):
-        # a 64 x 64 float32 tile of dQ into dQ's buffer at [row, col], through shared
-        # memory and the TMA unit (one bulk reduce-add); the previous add out of dq_c must
-        # have read it first. The buffer has nq_pad rows a head: rows past nq are padding
-        tma.store_wait(0)
-        _sync_warps()
-        dq_c.store(dq)
-        fence_async_shared()
-        _sync_warps()
-        _tma_add(dq_desc, [row, col], dq_c)
-
     @gluon.jit
     def _bwd_loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem,
                     q_smem, do_smem, lse_smem, delta_smem, kv_bar, ready, empty, kv_row,
@@ -213,8 +199,6 @@ if GLUON_AVAILABLE:
         BM: gl.constexpr = q_smem.shape[1]             # 64 query rows a step
         HALVES: gl.constexpr = D // 64                 # dQ is made 64 columns at a time
         COL: gl.constexpr = C * 64 * (HALVES - 1)      # this consumer's columns of dQ
-        DEFER: gl.constexpr = HALVES == 2
-        DQ_AT: gl.constexpr = _DQ_AT
         dtype: gl.constexpr = k_smem.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
@@ -240,13 +224,11 @@ if GLUON_AVAILABLE:
 
         mbarrier.wait(kv_bar, 0)
         t = 0
-        prev_row = 0                                   # dQ's first row at step t - 1
         for g in range(group):
             bh = q_head0 + g
             for i in range(i_lo, n_tiles):
                 s = t % STAGES
                 b = t % 2                              # the dS buffer of this step
-                bp = 1 - b                             # and of step t - 1
                 m0 = i * BM
                 mbarrier.wait(ready.index(s), (t // STAGES) & 1)
                 q_t = q_smem.index(s)
@@ -260,49 +242,25 @@ if GLUON_AVAILABLE:
                                    is_async=True)
                 dpt = warpgroup_mma(v_c, do_t.permute((1, 0)), st_zero, use_acc=False,
                                     is_async=True)
-                if DEFER & (DQ_AT == 0):
-                    # 6 of step t - 1 in flight behind them (see below)
-                    if t >= 1:
-                        mbarrier.wait(ds_full.index(bp), ((t - 1) // 2) & 1)
-                    dq = warpgroup_mma(ds_smem.index(bp).permute((1, 0)),
-                                       k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False,
-                                       is_async=True)
-                    s_t = warpgroup_mma_wait(2, deps=(st,))
-                else:
-                    s_t = warpgroup_mma_wait(1, deps=(st,))
+                st = warpgroup_mma_wait(1, deps=(st,))
                 # 2. P^T while dP^T runs; masked where the causal mask cuts this block of
                 # keys or where the keys end (key j is seen by query r when j <= r + diag)
                 if (key0 + BN - 1 > m0 + diag) | (key0 + BN > nk):
                     seen = (gl.expand_dims(keys, 1) <= gl.expand_dims(m0 + q_in, 0) + diag) & \
                         gl.expand_dims(keys < nk, 1)
-                    s_t = gl.where(seen, s_t, float("-inf"))
+                    st = gl.where(seen, st, float("-inf"))
                 # P^T is kept in 16 bits only (the tensor cores take it so, and dS^T below
                 # is rounded to 16 bits too): 32 registers a thread fewer than float32
-                pt = _round_16(gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0)), dtype)
+                pt = _round_16(gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0)), dtype)
                 # 3. dV_c += P^T dO, P^T from registers
                 pa = gl.convert_layout(pt, a_layout)
                 dv = warpgroup_mma(pa, do_t, dv, is_async=True)
-                if DEFER & (DQ_AT == 1):
-                    if t >= 1:
-                        mbarrier.wait(ds_full.index(bp), ((t - 1) // 2) & 1)
-                    dq = warpgroup_mma(ds_smem.index(bp).permute((1, 0)),
-                                       k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False,
-                                       is_async=True)
                 delta = delta_smem.index(s).load(col_l)
-                if DEFER & (DQ_AT < 2):
-                    dp_t = warpgroup_mma_wait(2, deps=(dpt,))
-                else:
-                    dp_t = warpgroup_mma_wait(1, deps=(dpt,))
+                dpt = warpgroup_mma_wait(1, deps=(dpt,))
                 # 4. dS^T = P^T (dP^T - Delta); dK_c += dS^T Q
-                dst = _round_16(pt.to(gl.float32) * (dp_t - gl.expand_dims(delta, 0)), dtype)
+                dst = _round_16(pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0)), dtype)
                 dsa = gl.convert_layout(dst, a_layout)
                 dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
-                if DEFER & (DQ_AT == 2):
-                    if t >= 1:
-                        mbarrier.wait(ds_full.index(bp), ((t - 1) // 2) & 1)
-                    dq = warpgroup_mma(ds_smem.index(bp).permute((1, 0)),
-                                       k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False,
-                                       is_async=True)
                 # 5. this consumer's dS^T rows into buffer b, once both consumers have read
                 # what step t - 2 left there
                 if t >= 2:
@@ -311,39 +269,29 @@ if GLUON_AVAILABLE:
                 fence_async_shared()                   # the writes, before wgmma reads
                 _sync_warps()
                 mbarrier.arrive(ds_full.index(b), count=1)
-                if DEFER:
-                    # 6 of step t - 1: its dQ tile out through shared memory and the TMA
-                    # unit (at t = 0 the product read a buffer nobody wrote: dropped)
-                    dq_t = warpgroup_mma_wait(2 - DQ_AT, deps=(dq,))
-                    if t >= 1:
-                        _dq_out(dq_t, dq_c, dq_desc, prev_row, COL)
-                        _sync_warps()
-                        mbarrier.arrive(ds_free.index(bp), count=1)
                 dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=(dv, dk, pa, dsa))
                 # every read of Q_i and dO_i is done: the slot goes back to the producer
                 _sync_warps()
                 mbarrier.arrive(empty.index(s), count=1)
-                if not DEFER:
-                    # 6. dQ_i += dS K over all 128 keys of the program, read transposed
-                    # out of buffer b; at D = 64 the consumers take turns
-                    if b == C:
-                        mbarrier.wait(ds_full.index(b), (t // 2) & 1)
-                        dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)),
-                                           k_smem.slice(COL, 64, dim=1), dq_zero,
-                                           use_acc=False)
-                        _dq_out(dq, dq_c, dq_desc, bh * nq_pad + m0, COL)
+                # 6. dQ_i += dS K over all 128 keys of the program, read transposed out of
+                # buffer b: at D = 128 consumer C makes columns 64 C .. 64 C + 63; at D = 64
+                # the consumers take turns
+                if (HALVES == 2) | (b == C):
+                    mbarrier.wait(ds_full.index(b), (t // 2) & 1)
+                    dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)),
+                                       k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False)
+                    # the tile goes out through shared memory and the TMA unit, one bulk
+                    # reduce-add; the previous add out of dq_c must have read it first
+                    tma.store_wait(0)
                     _sync_warps()
-                    mbarrier.arrive(ds_free.index(b), count=1)
-                prev_row = bh * nq_pad + m0
+                    dq_c.store(dq)
+                    fence_async_shared()
+                    _sync_warps()
+                    # the float32 buffer has nq_pad rows a head: rows past nq are padding
+                    _tma_add(dq_desc, [bh * nq_pad + m0, COL], dq_c)
+                _sync_warps()
+                mbarrier.arrive(ds_free.index(b), count=1)
                 t += 1
-        if DEFER:
-            # the last step's dQ
-            if t >= 1:
-                bp = (t - 1) % 2
-                mbarrier.wait(ds_full.index(bp), ((t - 1) // 2) & 1)
-                dq = warpgroup_mma(ds_smem.index(bp).permute((1, 0)),
-                                   k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False)
-                _dq_out(dq, dq_c, dq_desc, prev_row, COL)
 
         # epilogue: dK (times the softmax scale) and dV, the rows of real keys only
         rows = key0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))

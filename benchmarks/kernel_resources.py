@@ -8,9 +8,9 @@ waits for them (``warp_group_dot_wait``) inside the key / query loop, from the c
 TritonGPU IR.
 ``--gluon-bwd [FILE,...]``: no GPU needed; lesson 8's Gluon backward (the course's module,
 or each named file, another version of ``course_utils/hopper/gluon_bwd.py``) compiled for
-sm90 at D = 64 and 128, float16 and bfloat16, causal and not: stack bytes a thread and
-whether ptxas serialized the tensor-core products (``tests/gluon_compile_check.py``'s
-reading of ptxas's report).
+sm90 at D = 64 and 128, float16 and bfloat16, causal and not: stack and spill-store bytes a
+thread and the performance losses ptxas names, such as serialized tensor-core products
+(``tests/gluon_compile_check.py``'s reading of ptxas's report).
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
@@ -219,6 +219,14 @@ def gluon_bwd(files):
     from course_utils import device
     from course_utils.hopper import gluon_bwd as course
     cc.JITFunction.__getitem__ = cc._compile_instead       # compile for sm90, do not run
+    import triton
+    built, compile_ = [], triton.compile
+
+    def keep(*a, **k):                                     # the compiled kernels, kept
+        built.append(compile_(*a, **k))
+        return built[-1]
+    triton.compile = keep
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     torch.cuda.get_device_properties = lambda *_: cc._Props()
     device.IS_HOPPER = True
     mods = {"course": course}
@@ -227,7 +235,8 @@ def gluon_bwd(files):
         mods[Path(f).stem] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods[Path(f).stem])
     print("lesson 8's Gluon backward compiled for sm90 (Triton "
-          f"{__import__('triton').__version__}): stack bytes a thread, wgmma serialized?")
+          f"{__import__('triton').__version__}): stack and spill-store bytes a thread, "
+          "performance losses ptxas names (wgmma serialized, ...)")
     for name, mod in mods.items():
         for d in (64, 128):
             for dt in (torch.float16, torch.bfloat16):
@@ -235,14 +244,25 @@ def gluon_bwd(files):
                     g = torch.Generator().manual_seed(d)
                     q = torch.randn(1, 4, 300, d, generator=g).to(dt)
                     k = torch.randn(1, 2, 260, d, generator=g).to(dt)
-                    del cc.compiled[:]
+                    del cc.compiled[:], built[:]
                     mod.attention_gluon_backward(q, k, k, q.clone(), torch.zeros(1, 4, 300),
                                                  torch.ones_like(q), is_causal=causal,
                                                  enable_gqa=True)
-                    _, _, _, stack, why = next(c for c in cc.compiled
-                                               if c[0] == "_attn_bwd_gluon")
+                    _, _, _, stack, spilled, why = next(c for c in cc.compiled
+                                                        if c[0] == "_attn_bwd_gluon")
+                    # in the machine code: the tensor-core instructions and the waits
+                    # that leave no product in flight
+                    kern = next(k for k in built if k.name == "_attn_bwd_gluon")
+                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                        f.write(kern.asm["cubin"])
+                        f.flush()
+                        sass = subprocess.run([str(cuobjdump), "-sass", f.name],
+                                              capture_output=True, text=True, check=True).stdout
+                    drained = len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", sass))
                     print(f"{name}: D={d} {str(dt)[6:]} causal={int(causal)}: stack {stack}, "
-                          f"serialized: {'; '.join(why) or 'no'}")
+                          f"spill stores {spilled}, HGMMA {sass.count('HGMMA.')}, waits for "
+                          f"none in flight {drained}, performance loss: "
+                          f"{'; '.join(why) or 'none'}")
 
 
 def main():

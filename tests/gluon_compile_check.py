@@ -6,18 +6,23 @@ functions with small CPU tensors and a stand-in for every launch: each ``kernel[
 is compiled for ``cuda:90`` instead of run, from the same arguments. It prints one line per
 call: the kernels compiled, their shared memory, or the error. A call whose kernel uses a
 name the installed Triton does not have, or does not type-check, fails here, before anyone
-takes it to a GPU. So does one whose tensor-core products ptxas had to serialize: when a
-product's accumulator is still in flight where other instructions touch its registers (a
-value merged across a runtime branch, a register spilled) or registers run short, ptxas
-makes every ``wgmma`` wait for the one before it, and the kernel still runs correctly,
-only far slower. ptxas says so in its report (``-v``, warnings C7510-C7520, "wgmma.mma_async
-instructions are serialized"); the script reruns Triton's ptxas on each kernel's PTX to
-read that report, with the stack bytes a thread (spilled registers live there).
+takes it to a GPU. So does one whose tensor-core products ptxas had to serialize: when
+instructions other than the products read or write an accumulator's registers while its
+product is in flight (a value merged across a runtime branch, for one), or registers run
+short, ptxas makes every ``wgmma`` wait for the one before it; the kernel still computes
+the right values, only slower. ptxas says so in its report, a "Potential Performance
+Loss: wgmma.mma_async instructions are serialized due to ..." line (``ptxas info``, code
+C75xx); any such line fails the call (ptxas also names a ``setmaxnreg`` it had to ignore
+that way). Each kernel is compiled afresh with Triton printing that report, so it is the
+report on the machine code Triton builds, with its own ptxas options; the script also
+prints the stack and spill-store bytes a thread.
 
     python tests/gluon_compile_check.py        (exit status 1 if any call failed)
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import sys
@@ -82,37 +87,39 @@ def _source(fn, args, kwargs):
     return ASTSource(fn=fn, signature=sig, constexprs=consts)
 
 
-def ptxas_report(ptx):
-    """What ptxas (the one Triton uses for sm90) says of this PTX with ``-v``: the stack
-    bytes a thread and, if it serialized the kernel's wgmma products, why (a list of the
-    reasons it gives; empty if it did not)."""
-    import subprocess
-    import tempfile
-    from triton.backends.nvidia.compiler import get_ptxas
-    arch = re.search(r"^\.target\s+(\w+)", ptx, re.M).group(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.ptx"
-        src.write_text(ptx)
-        run = subprocess.run([get_ptxas(90).path, f"-arch={arch}", "-v", str(src), "-o",
-                              str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True)
-    log = run.stdout + run.stderr
-    if run.returncode:
-        raise RuntimeError(f"ptxas failed: {log[-1000:]}")
-    stack = sum(int(x) for x in re.findall(r"(\d+) bytes stack frame", log))
-    why = re.findall(r"wgmma\.mma_async instructions are serialized due to (.*?)"
-                     r"(?: (?:in|for) the function|$)", log, re.M)
-    return stack, [" ".join(w.split()) for w in why]
+def ptxas_report(log):
+    """What ptxas's report (``-v``, as Triton prints it) says of a kernel: the stack bytes
+    and spill-store bytes a thread, and every "Potential Performance Loss" it names (wgmma
+    products serialized, ``setmaxnreg`` ignored, ...), each without the function's name; an
+    empty list if none."""
+    if "bytes stack frame" not in log:
+        raise RuntimeError("no ptxas report in Triton's output (its TRITON_DUMP_PTXAS_LOG "
+                           f"knob did not print one): {log[-500:]!r}")
+
+    def total(what):
+        return sum(int(x) for x in re.findall(rf"(\d+) bytes {what}", log))
+    losses = re.findall(r"Potential Performance Loss: (.*?)(?: (?:in|for) the function|$)",
+                        log, re.M)
+    return total("stack frame"), total("spill stores"), [" ".join(w.split()) for w in losses]
 
 
 def _compile_instead(self, grid):
     def launch(*args, **kwargs):
         options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "num_ctas")
                    if k in kwargs}
-        kernel = triton.compile(_source(self, args, kwargs), target=TARGET, options=options)
-        ptx = kernel.asm["ptx"]
+        # compiled afresh (not taken from Triton's cache) with ptxas's report printed, so
+        # that the report read is that of the machine code Triton builds, with its options
+        log = io.StringIO()
+        knobs = triton.knobs
+        with knobs.compilation.scope(), knobs.nvidia.scope(), \
+                contextlib.redirect_stdout(log):
+            knobs.compilation.always_compile = True
+            knobs.nvidia.dump_ptxas_log = True
+            kernel = triton.compile(_source(self, args, kwargs), target=TARGET, options=options)
         # bfloat16 roundings of two values at once in the PTX (gluon_bwd._round_16)
         compiled.append((self.__name__, kernel.metadata.shared,
-                         ptx.count("cvt.rn.bf16x2.f32"), *ptxas_report(ptx)))
+                         kernel.asm["ptx"].count("cvt.rn.bf16x2.f32"),
+                         *ptxas_report(log.getvalue())))
     return launch
 
 
@@ -178,15 +185,15 @@ def main():
             last = traceback.format_exception_only(type(e), e)[-1].strip()
             print(f"FAIL {label}: {last[:1500]}")
             continue
-        # a kernel that asks for more shared memory than an sm90 block has, or whose
-        # tensor-core products ptxas serialized, fails
-        wrong = [c for c in compiled if c[1] > SM90_SHARED or c[4]]
+        # a kernel that asks for more shared memory than an sm90 block has, or in which
+        # ptxas saw a performance loss (its tensor-core products serialized, ...), fails
+        wrong = [c for c in compiled if c[1] > SM90_SHARED or c[5]]
         bad += bool(wrong) or not compiled
         print(f"{'ok  ' if compiled and not wrong else 'FAIL'} {label}: "
-              + ", ".join(f"{n} ({s} bytes shared, {st} bytes stack"
+              + ", ".join(f"{n} ({s} bytes shared, {st} bytes stack, {sp} bytes spilled"
                           + (f", {p} packed bf16 roundings" if p else "")
-                          + (f", wgmma serialized: {'; '.join(why)}" if why else "") + ")"
-                          for n, s, p, st, why in compiled))
+                          + (f", ptxas: {'; '.join(why)}" if why else "") + ")"
+                          for n, s, p, st, sp, why in compiled))
     print(f"# triton {triton.__version__}: {len(calls) - bad} of {len(calls)} calls compiled for sm90")
     return 1 if bad else 0
 

@@ -15,7 +15,8 @@ thread and the performance losses ptxas names, such as serialized tensor-core pr
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
 GPU, each with pointer loads and through descriptors; the CUDA tools that ship with Triton report the machine code's registers, stack
-bytes per thread (spilled registers live there) and shared memory."""
+bytes per thread (spilled registers live there) and shared memory, and ptxas's report the
+performance losses it names (tensor-core products it had to serialize)."""
 import os
 import re
 import subprocess
@@ -68,10 +69,20 @@ def _sm90_compile(fn, const, warps, stages, fp32=("LSE", "DELTA")):
 
 
 def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
-    """Compile as :func:`_sm90_compile`; return (registers, stack bytes a thread, shared
-    bytes)."""
+    """Compile as :func:`_sm90_compile` (afresh, with ptxas's report printed); return
+    (registers, stack bytes a thread, shared bytes, the performance losses ptxas names,
+    such as serialized tensor-core products: ``tests/gluon_compile_check.py``'s reading)."""
+    import contextlib
+    import io
     import triton
-    k = _sm90_compile(fn, const, warps, stages, fp32)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from gluon_compile_check import ptxas_report
+    log = io.StringIO()
+    with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(), \
+            contextlib.redirect_stdout(log):
+        triton.knobs.compilation.always_compile = True
+        triton.knobs.nvidia.dump_ptxas_log = True
+        k = _sm90_compile(fn, const, warps, stages, fp32)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
@@ -79,7 +90,7 @@ def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
         usage = subprocess.run([str(tool), "--dump-resource-usage", f.name],
                                capture_output=True, text=True, check=True).stdout
     reg, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
-    return reg, stack, k.metadata.shared
+    return reg, stack, k.metadata.shared, ptxas_report(log.getvalue())[2]
 
 
 def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
@@ -92,10 +103,10 @@ def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
                 for desc in (False, True):
                     const = dict(base, HEAD_DIM=d, CAUSAL=causal, POS_SCALE=True, BLOCK_M=bm,
                                  BLOCK_N=bn, WS=False, LAZY=False, DESC=desc)
-                    reg, stack, shared = _sm90_report(ta._attn_fwd_kernel, const, w, st)
+                    reg, stack, shared, loss = _sm90_report(ta._attn_fwd_kernel, const, w, st)
                     print(f"d={d:3d} causal={int(causal)} {bm}x{bn} warps={w} stages={st} "
                           f"desc={int(desc)}: registers {reg}, stack {stack} bytes, "
-                          f"shared {shared}")
+                          f"shared {shared}" + "".join(f", ptxas: {x}" for x in loss))
     # lesson 7's backward kernels in the shapes their autotuners try on a GPU
     kernels = (("dkdv", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"), dict(ATOMIC_DQ=False)),
                ("atomic_dq", ta._attn_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"),
@@ -125,12 +136,12 @@ def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
                     for desc in (False, True):
                         const = dict(base, HEAD_DIM=d, CAUSAL=causal, **extra,
                                      **{b: c.kwargs[b] for b in blocks}, DESC=desc)
-                        reg, stack, shared = _sm90_report(fn, const, c.num_warps, c.num_stages,
-                                                          fp32)
+                        reg, stack, shared, loss = _sm90_report(fn, const, c.num_warps,
+                                                                c.num_stages, fp32)
                         print(f"{name} d={d:3d} causal={int(causal)} {bm}x{bn} "
                               f"warps={c.num_warps} stages={c.num_stages} desc={int(desc)}: "
-                              f"registers {reg}, stack {stack} bytes, shared {shared}",
-                              flush=True)
+                              f"registers {reg}, stack {stack} bytes, shared {shared}"
+                              + "".join(f", ptxas: {x}" for x in loss), flush=True)
 
 
 def gluon():

@@ -48,6 +48,12 @@ def _sm90_compile(fn, const, warps, stages, fp32=("LSE", "DELTA")):
     contiguous tensors."""
     import triton
     from triton.backends.compiler import GPUTarget
+    return triton.compile(_sm90_source(fn, const, fp32), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def _sm90_source(fn, const, fp32):
+    """The source :func:`_sm90_compile` compiles: ``fn``'s signature as described there."""
     from triton.compiler import ASTSource
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -62,35 +68,33 @@ def _sm90_compile(fn, const, warps, stages, fp32=("LSE", "DELTA")):
             sig[name] = "i32"
             if name.startswith("s"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
-                    constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps, num_stages=stages))
+    return ASTSource(fn=fn, signature=sig, attrs=attrs,
+                     constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+
+
+def _cuobjdump(kernel, flag):
+    """The output of ``cuobjdump FLAG`` (the copy that ships with Triton) on ``kernel``'s
+    cubin."""
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
 
 
 def _sm90_report(fn, const, warps, stages, fp32=("LSE", "DELTA")):
     """Compile as :func:`_sm90_compile` (afresh, with ptxas's report printed); return
     (registers, stack bytes a thread, shared bytes, the performance losses ptxas names,
     such as serialized tensor-core products: ``tests/gluon_compile_check.py``'s reading)."""
-    import contextlib
-    import io
-    import triton
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from gluon_compile_check import ptxas_report
-    log = io.StringIO()
-    with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope(), \
-            contextlib.redirect_stdout(log):
-        triton.knobs.compilation.always_compile = True
-        triton.knobs.nvidia.dump_ptxas_log = True
-        k = _sm90_compile(fn, const, warps, stages, fp32)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
+    from gluon_compile_check import compile_reported
+    k, (_, _, losses) = compile_reported(_sm90_source(fn, const, fp32),
+                                         dict(num_warps=warps, num_stages=stages))
+    usage = _cuobjdump(k, "--dump-resource-usage")
     reg, stack = (int(re.search(rf"{key}:(\d+)", usage).group(1)) for key in ("REG", "STACK"))
-    return reg, stack, k.metadata.shared, ptxas_report(log.getvalue())[2]
+    return reg, stack, k.metadata.shared, losses
 
 
 def sm90(configs=((128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 2))):
@@ -237,7 +241,6 @@ def gluon_bwd(files):
         built.append(compile_(*a, **k))
         return built[-1]
     triton.compile = keep
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     torch.cuda.get_device_properties = lambda *_: cc._Props()
     device.IS_HOPPER = True
     mods = {"course": course}
@@ -263,12 +266,8 @@ def gluon_bwd(files):
                                                         if c[0] == "_attn_bwd_gluon")
                     # in the machine code: the tensor-core instructions and the waits
                     # that leave no product in flight
-                    kern = next(k for k in built if k.name == "_attn_bwd_gluon")
-                    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                        f.write(kern.asm["cubin"])
-                        f.flush()
-                        sass = subprocess.run([str(cuobjdump), "-sass", f.name],
-                                              capture_output=True, text=True, check=True).stdout
+                    sass = _cuobjdump(next(k for k in built if k.name == "_attn_bwd_gluon"),
+                                      "-sass")
                     drained = len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", sass))
                     print(f"{name}: D={d} {str(dt)[6:]} causal={int(causal)}: stack {stack}, "
                           f"spill stores {spilled}, HGMMA {sass.count('HGMMA.')}, waits for "

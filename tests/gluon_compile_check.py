@@ -103,23 +103,27 @@ def ptxas_report(log):
     return total("stack frame"), total("spill stores"), [" ".join(w.split()) for w in losses]
 
 
+def compile_reported(src, options):
+    """``triton.compile(src)`` for sm90, afresh (not taken from Triton's cache) with ptxas's
+    report printed, so that the report read is that of the machine code Triton builds, with
+    its own options; returns the kernel and :func:`ptxas_report` of that report."""
+    log = io.StringIO()
+    knobs = triton.knobs
+    with knobs.compilation.scope(), knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+        knobs.compilation.always_compile = True
+        knobs.nvidia.dump_ptxas_log = True
+        kernel = triton.compile(src, target=TARGET, options=options)
+    return kernel, ptxas_report(log.getvalue())
+
+
 def _compile_instead(self, grid):
     def launch(*args, **kwargs):
         options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "num_ctas")
                    if k in kwargs}
-        # compiled afresh (not taken from Triton's cache) with ptxas's report printed, so
-        # that the report read is that of the machine code Triton builds, with its options
-        log = io.StringIO()
-        knobs = triton.knobs
-        with knobs.compilation.scope(), knobs.nvidia.scope(), \
-                contextlib.redirect_stdout(log):
-            knobs.compilation.always_compile = True
-            knobs.nvidia.dump_ptxas_log = True
-            kernel = triton.compile(_source(self, args, kwargs), target=TARGET, options=options)
+        kernel, report = compile_reported(_source(self, args, kwargs), options)
         # bfloat16 roundings of two values at once in the PTX (gluon_bwd._round_16)
         compiled.append((self.__name__, kernel.metadata.shared,
-                         kernel.asm["ptx"].count("cvt.rn.bf16x2.f32"),
-                         *ptxas_report(log.getvalue())))
+                         kernel.asm["ptx"].count("cvt.rn.bf16x2.f32"), *report))
     return launch
 
 

@@ -124,17 +124,28 @@ def gpu_ready():
     return True
 
 
-def make_point(d, n, causal, dtype):
+def make_point(d, n, causal, dtype, unaligned=False):
     """One point's inputs on the GPU (B = 4, H = 32, ``N = Nq = Nk``, seeded by ``n + d``):
     ``q, k, v, do``, the course's forward ``o, lse``, the backward's FLOPs and the point's
-    fields for a result row."""
+    fields for a result row. ``unaligned``: each input starts one element past a 16-byte
+    boundary (a contiguous view of a longer buffer), so no kernel may read it through
+    tensor descriptors and the backward takes its pointer path."""
     B, H = 4, 32
     g = torch.Generator(device="cuda").manual_seed(n + d)
-    q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=DTYPES[dtype], generator=g)
-                   for _ in range(4))
+
+    def one():
+        if not unaligned:
+            return torch.randn(B, H, n, d, device="cuda", dtype=DTYPES[dtype], generator=g)
+        flat = torch.randn(B * H * n * d + 1, device="cuda", dtype=DTYPES[dtype], generator=g)
+        return flat[1:].view(B, H, n, d)
+
+    q, k, v, do = (one() for _ in range(4))
+    if unaligned:
+        assert not (ta._desc_ok(q, do) or ta._desc_ok(k, v))
     o, lse = ta.triton_attention_forward(q, k, v, is_causal=causal)
     fl = common.attention_flops(B, H, n, n, d, causal, "bwd")
-    return (q, k, v, do, o, lse), fl, {"d": d, "n": n, "causal": causal, "dtype": dtype}
+    return (q, k, v, do, o, lse), fl, {"d": d, "n": n, "causal": causal, "dtype": dtype,
+                                       "unaligned": unaligned}
 
 
 def _rel_err(got, want):

@@ -10,7 +10,8 @@ TritonGPU IR.
 or each named file, another version of ``course_utils/hopper/gluon_bwd.py``) compiled for
 sm90 at D = 64 and 128, float16 and bfloat16, causal and not: stack and spill-store bytes a
 thread and the performance losses ptxas names, such as serialized tensor-core products
-(``tests/gluon_compile_check.py``'s reading of ptxas's report).
+(``tests/gluon_compile_check.py``'s reading of ptxas's report), and for each named file
+whether its machine code is the course's, instruction for instruction.
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
@@ -248,6 +249,7 @@ def gluon_bwd(files):
         spec = importlib.util.spec_from_file_location(f"variant_{Path(f).stem}", f)
         mods[Path(f).stem] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods[Path(f).stem])
+    first = {}                                             # the course's instructions
     print("lesson 8's Gluon backward compiled for sm90 (Triton "
           f"{__import__('triton').__version__}): stack and spill-store bytes a thread, "
           "performance losses ptxas names (wgmma serialized, ...)")
@@ -269,10 +271,17 @@ def gluon_bwd(files):
                     sass = _cuobjdump(next(k for k in built if k.name == "_attn_bwd_gluon"),
                                       "-sass")
                     drained = len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", sass))
+                    # the instructions alone (no addresses or encodings), to compare builds
+                    code = [ln.split(";")[0].split("*/", 1)[-1].strip()
+                            for ln in sass.splitlines() if ";" in ln]
+                    key = (d, dt, causal)
+                    first.setdefault(key, code)
+                    same = "" if name == "course" else \
+                        f", machine code as the course's: {'same' if code == first[key] else 'other'}"
                     print(f"{name}: D={d} {str(dt)[6:]} causal={int(causal)}: stack {stack}, "
                           f"spill stores {spilled}, HGMMA {sass.count('HGMMA.')}, waits for "
                           f"none in flight {drained}, performance loss: "
-                          f"{'; '.join(why) or 'none'}")
+                          f"{'; '.join(why) or 'none'}{same}")
 
 
 def main():

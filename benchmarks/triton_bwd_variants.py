@@ -31,11 +31,28 @@ from bwd_desc_probe import (_rel_err, add_point_options, emitter, gpu_ready,  # 
 from gluon_bwd_probe import _module_from  # noqa: E402  (a module file loaded apart)
 
 
+def _picked(mod):
+    """The tile shapes the autotuner took in the module's last backward: dK/dV, then dQ
+    (block sizes, warps, stages, D for descriptors)."""
+    out = []
+    for kernel in (mod._attn_bwd_dkdv, mod._attn_bwd_dq):
+        c = getattr(kernel, "best_config", None)
+        if c is None:
+            out.append(None)
+            continue
+        kw = c.kwargs
+        out.append("x".join(str(kw[k]) for k in kw if k.startswith("BLOCK"))
+                   + f"w{c.num_warps}s{c.num_stages}" + ("D" if kw.get("DESC") else ""))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     add_point_options(ap)
     ap.add_argument("--variants", required=True, help="comma-separated module files")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--unaligned", action="store_true",
+                    help="inputs one element off a 16-byte boundary: the pointer path")
     a = ap.parse_args(argv)
     if not gpu_ready():
         return 0
@@ -47,7 +64,8 @@ def main(argv=None):
         for d in (int(x) for x in a.d.split(",")):
             for n in (int(x) for x in a.n.split(",")):
                 for causal in (False, True):
-                    (q, k, v, do, o, lse), fl, point = make_point(d, n, causal, dtype)
+                    (q, k, v, do, o, lse), fl, point = make_point(d, n, causal, dtype,
+                                                                  a.unaligned)
                     row = dict(point)
                     fns = {name: (lambda m=m: m.triton_attention_backward(
                         q, k, v, o, lse, do, is_causal=causal)) for name, m in mods.items()}
@@ -57,6 +75,7 @@ def main(argv=None):
                             got = fn()
                             row[f"{name}_rel_err"] = _rel_err(got, ref)
                             row[f"{name}_same"] = all(map(torch.equal, got, ref))
+                        row[f"{name}_picked"] = _picked(mods[name])
                     for r in range(a.rounds):
                         for name, fn in fns.items():
                             t = common.time_ms(fn, rep=a.rep, settle_ms=a.settle)

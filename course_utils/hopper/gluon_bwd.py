@@ -22,9 +22,13 @@ products, dQ added into a float32 buffer.
   5. dS^T into a shared-memory buffer that holds both consumers' rows (two such buffers
      take turns, with ``ds_full`` / ``ds_free`` mbarriers between the consumers);
   6. ``dQ_i += dS K`` over all 128 keys, reading the buffer transposed: at D = 128 each
-     consumer makes 64 of dQ's columns, at D = 64 they take turns. The 64 x 64 float32
-     result goes into shared memory and the TMA unit adds it into dQ in one bulk
-     reduce-add (``cp.reduce.async.bulk.tensor``).
+     consumer makes 64 of dQ's columns at the end of the step. At D = 64 one 64 x 64
+     product makes all of it and the consumers take turns: the one whose turn it is makes
+     step t's dQ during step t + 1, issued beside that step's S^T and dP^T so that it runs
+     during the exponentials (the step loop is unrolled by two, so that whose turn it is
+     is a constant: ptxas serializes a product issued inside a runtime branch). The
+     64 x 64 float32 result goes into shared memory and the TMA unit adds it into dQ in
+     one bulk reduce-add (``cp.reduce.async.bulk.tensor``).
 
   Everything is computed transposed (keys as rows) so that the two accumulating
   products take their left operand from registers: wgmma reads a register operand only
@@ -38,7 +42,9 @@ faster; one bulk add per 128 keys (both consumers' dS first combined in shared m
 halves the traffic into L2 again and is what this kernel does. Loading each step's LSE
 and Delta into the ring, instead of from global memory in the consumers, was 12-29 %
 faster again at seven of the eight points measured (the profile had shown the consumers
-waiting on those two loads every step).
+waiting on those two loads every step). Making each step's dQ during the next step at
+D = 64 was a few per cent faster at 16k keys on an H200 and no faster at 4k; at D = 128
+there are too few registers for a third product in flight beside dK and dV.
 
 Gradients of a K/V head shared by a group of query heads (GQA) accumulate in the same
 registers, one head after the other, so dK and dV are written once, by one program, with
@@ -187,6 +193,108 @@ if GLUON_AVAILABLE:
                 t += 1
 
     @gluon.jit
+    def _bwd_step(t, m0, bh, dk, dv, k_c, v_c, k_smem, q_smem, do_smem, lse_smem,
+                  delta_smem, ds_smem, dq_c, ready, empty, ds_full, ds_free, dq_desc, nk, diag,
+                  qk_scale, keys, q_in, key0, st_zero, dq_zero, q_head0, nq_pad, i_lo, per,
+                  a_layout: gl.constexpr, col_l: gl.constexpr, C: gl.constexpr,
+                  DQ_NOW: gl.constexpr, DQ_PREV: gl.constexpr, FREE_PREV: gl.constexpr):
+        # One step of consumer C: the query tile of the stream's step t (rows m0.. of
+        # query head bh) against its 64 keys. DQ_NOW (head dim 128): this step's dQ share,
+        # at its end. DQ_PREV (head dim 64, this consumer's turn): step t - 1's dQ, issued
+        # beside S^T and dP^T (per query tiles a head from tile i_lo on say which tile
+        # that was). FREE_PREV (head dim 64, t >= 1): release step t - 1's dS buffer.
+        BN: gl.constexpr = ds_smem.shape[1] // 2
+        STAGES: gl.constexpr = q_smem.shape[0]
+        BM: gl.constexpr = q_smem.shape[1]
+        COL: gl.constexpr = C * 64 * (k_smem.shape[1] // 64 - 1)  # this consumer's dQ columns
+        dtype: gl.constexpr = k_smem.dtype
+        s = t % STAGES
+        b = t % 2                                      # the dS buffer of this step
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        q_t = q_smem.index(s)
+        do_t = do_smem.index(s)
+        # this tile's LSE (base 2), one per query, from the ring like Q_i: rows past nq
+        # (the next head's, read by the 2-D descriptor) and rows that saw no key have
+        # LSE = +inf there, so P = 0 (see row_stats)
+        lse2 = lse_smem.index(s).load(col_l)
+        # 1. S^T = K_c Q^T and dP^T = V_c dO^T, both in flight
+        st = warpgroup_mma(k_c, q_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_c, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if DQ_PREV:
+            # 0. at head dim 64: step t - 1's dQ over all 128 keys, out of the other dS
+            # buffer, a third product in flight during this step's exponentials
+            mbarrier.wait(ds_full.index(1 - b), ((t - 1) // 2) & 1)
+            dq = warpgroup_mma(ds_smem.index(1 - b).permute((1, 0)),
+                               k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False,
+                               is_async=True)
+            st = warpgroup_mma_wait(2, deps=(st,))
+        else:
+            st = warpgroup_mma_wait(1, deps=(st,))
+        # 2. P^T while dP^T runs; masked where the causal mask cuts this block of keys or
+        # where the keys end (key j is seen by query r when j <= r + diag)
+        if (key0 + BN - 1 > m0 + diag) | (key0 + BN > nk):
+            seen = (gl.expand_dims(keys, 1) <= gl.expand_dims(m0 + q_in, 0) + diag) & \
+                gl.expand_dims(keys < nk, 1)
+            st = gl.where(seen, st, float("-inf"))
+        # P^T is kept in 16 bits only (the tensor cores take it so, and dS^T below is
+        # rounded to 16 bits too): 32 registers a thread fewer than float32
+        pt = _round_16(gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0)), dtype)
+        # 3. dV_c += P^T dO, P^T from registers
+        pa = gl.convert_layout(pt, a_layout)
+        dv = warpgroup_mma(pa, do_t, dv, is_async=True)
+        delta = delta_smem.index(s).load(col_l)
+        if DQ_PREV:
+            dpt = warpgroup_mma_wait(2, deps=(dpt,))
+        else:
+            dpt = warpgroup_mma_wait(1, deps=(dpt,))
+        # 4. dS^T = P^T (dP^T - Delta); dK_c += dS^T Q
+        dst = _round_16(pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0)), dtype)
+        dsa = gl.convert_layout(dst, a_layout)
+        dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
+        # 5. this consumer's dS^T rows into buffer b, once both consumers have read what
+        # step t - 2 left there
+        if t >= 2:
+            mbarrier.wait(ds_free.index(b), ((t // 2) - 1) & 1)
+        ds_smem.index(b).slice(C * BN, BN, dim=0).store(dst)
+        fence_async_shared()                           # the writes, before wgmma reads
+        _sync_warps()
+        mbarrier.arrive(ds_full.index(b), count=1)
+        if DQ_PREV:
+            dq = warpgroup_mma_wait(2, deps=(dq,))
+            p = t - 1
+            _add_dq(dq, dq_c, dq_desc, (q_head0 + p // per) * nq_pad + (i_lo + p % per) * BM,
+                    COL)
+        if FREE_PREV:
+            _sync_warps()
+            mbarrier.arrive(ds_free.index(1 - b), count=1)
+        dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=(dv, dk, pa, dsa))
+        # every read of Q_i and dO_i is done: the slot goes back to the producer
+        _sync_warps()
+        mbarrier.arrive(empty.index(s), count=1)
+        if DQ_NOW:
+            # 6. dQ_i += dS K over all 128 keys of the program, read transposed out of
+            # buffer b: consumer C makes columns 64 C .. 64 C + 63
+            mbarrier.wait(ds_full.index(b), (t // 2) & 1)
+            dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)),
+                               k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False)
+            _add_dq(dq, dq_c, dq_desc, bh * nq_pad + m0, COL)
+            _sync_warps()
+            mbarrier.arrive(ds_free.index(b), count=1)
+        return dk, dv
+
+    @gluon.jit
+    def _add_dq(dq, dq_c, dq_desc, row, col):
+        # the 64 x 64 float32 tile goes out through shared memory and the TMA unit, one
+        # bulk reduce-add; the previous add out of dq_c must have read it first. The
+        # float32 buffer has nq_pad rows a head: rows past nq are padding
+        tma.store_wait(0)
+        _sync_warps()
+        dq_c.store(dq)
+        fence_async_shared()
+        _sync_warps()
+        _tma_add(dq_desc, [row, col], dq_c)
+
+    @gluon.jit
     def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
                       kv_bar, ready, empty, ds_full, ds_free, dq_desc, dk_ptr, dv_ptr, kv_row,
                       q_head0, nk, nq_pad, group, i_lo, n_tiles, n0, diag, qk_scale, scale,
@@ -195,11 +303,8 @@ if GLUON_AVAILABLE:
         S^T, dP^T, dK and dV."""
         BN: gl.constexpr = ds_smem.shape[1] // 2       # 64 keys of this consumer
         D: gl.constexpr = k_smem.shape[1]
-        STAGES: gl.constexpr = q_smem.shape[0]
         BM: gl.constexpr = q_smem.shape[1]             # 64 query rows a step
         HALVES: gl.constexpr = D // 64                 # dQ is made 64 columns at a time
-        COL: gl.constexpr = C * 64 * (HALVES - 1)      # this consumer's columns of dQ
-        dtype: gl.constexpr = k_smem.dtype
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -223,75 +328,46 @@ if GLUON_AVAILABLE:
         q_in = gl.arange(0, BM, layout=col_l)
 
         mbarrier.wait(kv_bar, 0)
-        t = 0
-        for g in range(group):
-            bh = q_head0 + g
-            for i in range(i_lo, n_tiles):
-                s = t % STAGES
-                b = t % 2                              # the dS buffer of this step
-                m0 = i * BM
-                mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-                q_t = q_smem.index(s)
-                do_t = do_smem.index(s)
-                # this tile's LSE (base 2), one per query, from the ring like Q_i: rows
-                # past nq (the next head's, read by the 2-D descriptor) and rows that saw
-                # no key have LSE = +inf there, so P = 0 (see row_stats)
-                lse2 = lse_smem.index(s).load(col_l)
-                # 1. S^T = K_c Q^T and dP^T = V_c dO^T, both in flight
-                st = warpgroup_mma(k_c, q_t.permute((1, 0)), st_zero, use_acc=False,
-                                   is_async=True)
-                dpt = warpgroup_mma(v_c, do_t.permute((1, 0)), st_zero, use_acc=False,
-                                    is_async=True)
-                st = warpgroup_mma_wait(1, deps=(st,))
-                # 2. P^T while dP^T runs; masked where the causal mask cuts this block of
-                # keys or where the keys end (key j is seen by query r when j <= r + diag)
-                if (key0 + BN - 1 > m0 + diag) | (key0 + BN > nk):
-                    seen = (gl.expand_dims(keys, 1) <= gl.expand_dims(m0 + q_in, 0) + diag) & \
-                        gl.expand_dims(keys < nk, 1)
-                    st = gl.where(seen, st, float("-inf"))
-                # P^T is kept in 16 bits only (the tensor cores take it so, and dS^T below
-                # is rounded to 16 bits too): 32 registers a thread fewer than float32
-                pt = _round_16(gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0)), dtype)
-                # 3. dV_c += P^T dO, P^T from registers
-                pa = gl.convert_layout(pt, a_layout)
-                dv = warpgroup_mma(pa, do_t, dv, is_async=True)
-                delta = delta_smem.index(s).load(col_l)
-                dpt = warpgroup_mma_wait(1, deps=(dpt,))
-                # 4. dS^T = P^T (dP^T - Delta); dK_c += dS^T Q
-                dst = _round_16(pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0)), dtype)
-                dsa = gl.convert_layout(dst, a_layout)
-                dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
-                # 5. this consumer's dS^T rows into buffer b, once both consumers have read
-                # what step t - 2 left there
-                if t >= 2:
-                    mbarrier.wait(ds_free.index(b), ((t // 2) - 1) & 1)
-                ds_smem.index(b).slice(C * BN, BN, dim=0).store(dst)
-                fence_async_shared()                   # the writes, before wgmma reads
-                _sync_warps()
-                mbarrier.arrive(ds_full.index(b), count=1)
-                dv, dk, pa, dsa = warpgroup_mma_wait(0, deps=(dv, dk, pa, dsa))
-                # every read of Q_i and dO_i is done: the slot goes back to the producer
-                _sync_warps()
-                mbarrier.arrive(empty.index(s), count=1)
-                # 6. dQ_i += dS K over all 128 keys of the program, read transposed out of
-                # buffer b: at D = 128 consumer C makes columns 64 C .. 64 C + 63; at D = 64
-                # the consumers take turns
-                if (HALVES == 2) | (b == C):
-                    mbarrier.wait(ds_full.index(b), (t // 2) & 1)
-                    dq = warpgroup_mma(ds_smem.index(b).permute((1, 0)),
-                                       k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False)
-                    # the tile goes out through shared memory and the TMA unit, one bulk
-                    # reduce-add; the previous add out of dq_c must have read it first
-                    tma.store_wait(0)
-                    _sync_warps()
-                    dq_c.store(dq)
-                    fence_async_shared()
-                    _sync_warps()
-                    # the float32 buffer has nq_pad rows a head: rows past nq are padding
-                    _tma_add(dq_desc, [bh * nq_pad + m0, COL], dq_c)
-                _sync_warps()
-                mbarrier.arrive(ds_free.index(b), count=1)
-                t += 1
+        per = n_tiles - i_lo                           # query tiles of each head
+        sargs = (k_c, v_c, k_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_c, ready,
+                 empty, ds_full, ds_free, dq_desc, nk, diag, qk_scale, keys, q_in, key0,
+                 st_zero, dq_zero, q_head0, nq_pad, i_lo, per)
+        if HALVES == 2:
+            # head dim 128: each step ends with its own share of dQ, 64 columns a consumer
+            t = 0
+            for g in range(group):
+                bh = q_head0 + g
+                for i in range(i_lo, n_tiles):
+                    dk, dv = _bwd_step(t, i * BM, bh, dk, dv, *sargs, a_layout, col_l, C, True,
+                                       False, False)
+                    t += 1
+        else:
+            # head dim 64: a step's dQ over the 128 keys is one 64 x 64 product. The
+            # consumer whose turn it is (t % 2) makes step t's during step t + 1, beside
+            # that step's S^T and dP^T, so three products run during the exponentials and
+            # neither consumer waits for the other's current step. The loop is unrolled by
+            # two so that whose turn it is stays a constant: a product issued inside a
+            # runtime branch makes ptxas serialize every product (lesson 8).
+            total = group * per                        # steps: every head of the group
+            if total > 0:
+                dk, dv = _bwd_step(0, i_lo * BM, 0, dk, dv, *sargs, a_layout, col_l, C, False,
+                                   False, False)
+            for t in range(1, total - 1, 2):
+                dk, dv = _bwd_step(t, (i_lo + t % per) * BM, 0, dk, dv, *sargs, a_layout,
+                                   col_l, C, False, C == 0, True)
+                dk, dv = _bwd_step(t + 1, (i_lo + (t + 1) % per) * BM, 0, dk, dv, *sargs,
+                                   a_layout, col_l, C, False, C == 1, True)
+            if (total > 1) & (total % 2 == 0):
+                dk, dv = _bwd_step(total - 1, (i_lo + (total - 1) % per) * BM, 0, dk, dv,
+                                   *sargs, a_layout, col_l, C, False, C == 0, True)
+            # the last step's dQ, by the consumer whose turn it is
+            last = total - 1
+            if (total > 0) & (last % 2 == C):
+                mbarrier.wait(ds_full.index(C), (last // 2) & 1)
+                dq = warpgroup_mma(ds_smem.index(C).permute((1, 0)), k_smem, dq_zero,
+                                   use_acc=False)
+                _add_dq(dq, dq_c, dq_desc, (q_head0 + last // per) * nq_pad
+                        + (i_lo + last % per) * BM, 0)
 
         # epilogue: dK (times the softmax scale) and dV, the rows of real keys only
         rows = key0 + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_layout))

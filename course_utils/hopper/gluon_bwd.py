@@ -24,9 +24,10 @@ products, dQ added into a float32 buffer.
   6. ``dQ_i += dS K`` over all 128 keys, reading the buffer transposed: at D = 128 each
      consumer makes 64 of dQ's columns at the end of the step. At D = 64 one 64 x 64
      product makes all of it and the consumers take turns: the one whose turn it is makes
-     step t's dQ during step t + 1, issued beside that step's S^T and dP^T so that it runs
-     during the exponentials (the step loop is unrolled by two, so that whose turn it is
-     is a constant: ptxas serializes a product issued inside a runtime branch). The
+     step t's dQ during step t + 1, issued right after that step's S^T and dP^T so that
+     it runs beside dP^T during the exponentials (the step loop is unrolled by two, so
+     that whose turn it is is a constant: an asynchronous product whose accumulator is
+     merged across a runtime branch makes ptxas serialize the products). The
      64 x 64 float32 result goes into shared memory and the TMA unit adds it into dQ in
      one bulk reduce-add (``cp.reduce.async.bulk.tensor``).
 
@@ -43,8 +44,9 @@ halves the traffic into L2 again and is what this kernel does. Loading each step
 and Delta into the ring, instead of from global memory in the consumers, was 12-29 %
 faster again at seven of the eight points measured (the profile had shown the consumers
 waiting on those two loads every step). Making each step's dQ during the next step at
-D = 64 was a few per cent faster at 16k keys on an H200 and no faster at 4k; at D = 128
-there are too few registers for a third product in flight beside dK and dV.
+D = 64 made the backward a few per cent faster at 16k keys on an H200 and not measurably
+faster at 4k. At D = 128, issued beside S^T and dP^T it leaves too few registers (ptxas
+serializes the products), and issued after dK it was not measurably faster.
 
 Gradients of a K/V head shared by a group of query heads (GQA) accumulate in the same
 registers, one head after the other, so dK and dV are written once, by one program, with
@@ -199,10 +201,11 @@ if GLUON_AVAILABLE:
                   a_layout: gl.constexpr, col_l: gl.constexpr, C: gl.constexpr,
                   DQ_NOW: gl.constexpr, DQ_PREV: gl.constexpr, FREE_PREV: gl.constexpr):
         # One step of consumer C: the query tile of the stream's step t (rows m0.. of
-        # query head bh) against its 64 keys. DQ_NOW (head dim 128): this step's dQ share,
-        # at its end. DQ_PREV (head dim 64, this consumer's turn): step t - 1's dQ, issued
-        # beside S^T and dP^T (per query tiles a head from tile i_lo on say which tile
-        # that was). FREE_PREV (head dim 64, t >= 1): release step t - 1's dS buffer.
+        # query head bh; bh is used only with DQ_NOW, head dim 64 passes 0) against its 64
+        # keys. DQ_NOW (head dim 128): this step's dQ share, at its end. DQ_PREV (head dim
+        # 64, this consumer's turn): step t - 1's dQ, issued right after S^T and dP^T (per
+        # query tiles a head from tile i_lo on say which tile that was). FREE_PREV (head
+        # dim 64, t >= 1): release step t - 1's dS buffer.
         BN: gl.constexpr = ds_smem.shape[1] // 2
         STAGES: gl.constexpr = q_smem.shape[0]
         BM: gl.constexpr = q_smem.shape[1]
@@ -222,7 +225,7 @@ if GLUON_AVAILABLE:
         dpt = warpgroup_mma(v_c, do_t.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         if DQ_PREV:
             # 0. at head dim 64: step t - 1's dQ over all 128 keys, out of the other dS
-            # buffer, a third product in flight during this step's exponentials
+            # buffer, issued third, so that it and dP^T run during this step's exponentials
             mbarrier.wait(ds_full.index(1 - b), ((t - 1) // 2) & 1)
             dq = warpgroup_mma(ds_smem.index(1 - b).permute((1, 0)),
                                k_smem.slice(COL, 64, dim=1), dq_zero, use_acc=False,
@@ -251,8 +254,8 @@ if GLUON_AVAILABLE:
         dst = _round_16(pt.to(gl.float32) * (dpt - gl.expand_dims(delta, 0)), dtype)
         dsa = gl.convert_layout(dst, a_layout)
         dk = warpgroup_mma(dsa, q_t, dk, is_async=True)
-        # 5. this consumer's dS^T rows into buffer b, once both consumers have read what
-        # step t - 2 left there
+        # 5. this consumer's dS^T rows into buffer b, once both consumers have released
+        # what step t - 2 left there
         if t >= 2:
             mbarrier.wait(ds_free.index(b), ((t // 2) - 1) & 1)
         ds_smem.index(b).slice(C * BN, BN, dim=0).store(dst)
@@ -343,11 +346,12 @@ if GLUON_AVAILABLE:
                     t += 1
         else:
             # head dim 64: a step's dQ over the 128 keys is one 64 x 64 product. The
-            # consumer whose turn it is (t % 2) makes step t's during step t + 1, beside
-            # that step's S^T and dP^T, so three products run during the exponentials and
-            # neither consumer waits for the other's current step. The loop is unrolled by
-            # two so that whose turn it is stays a constant: a product issued inside a
-            # runtime branch makes ptxas serialize every product (lesson 8).
+            # consumer whose turn it is (t % 2) makes step t's during step t + 1, issued
+            # right after that step's S^T and dP^T, so that dQ and dP^T are both on the
+            # tensor cores during the exponentials, and each consumer waits only for the
+            # other's previous step. The loop is unrolled by two so that whose turn it is
+            # stays a constant: an asynchronous product whose accumulator is merged across
+            # a runtime branch makes ptxas serialize the products (lesson 8).
             total = group * per                        # steps: every head of the group
             if total > 0:
                 dk, dv = _bwd_step(0, i_lo * BM, 0, dk, dv, *sargs, a_layout, col_l, C, False,

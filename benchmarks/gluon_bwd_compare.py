@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from course_utils import device  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gluon_bwd_probe import DTYPES, _module_from, scores  # noqa: E402
+from gluon_bwd_probe import DTYPES, _module_from, forward  # noqa: E402
 
 # (B, Hq, Hkv, Nq, Nk): query tiles of 64 rows: 1, 2, 3, 5, 16 ...
 SHAPES = [(1, 2, 2, 1, 77), (1, 4, 2, 64, 64), (2, 4, 4, 130, 300), (1, 4, 1, 300, 129),
@@ -41,19 +41,15 @@ def main(argv=None):
         for dname in args.dtype.split(","):
             for n, (b, hq, hkv, nq, nk) in enumerate(SHAPES):
                 gen = torch.Generator(device=device.DEVICE).manual_seed(n)
-                q = torch.randn(b, hq, nq, d, device=device.DEVICE, dtype=DTYPES[dname], generator=gen)
+                q = torch.randn(b, hq, nq, d, device=device.DEVICE, dtype=DTYPES[dname],
+                                generator=gen)
                 k, v = (torch.randn(b, hkv, nk, d, device=device.DEVICE, dtype=DTYPES[dname],
                                     generator=gen) for _ in range(2))
                 do = torch.randn_like(q)
                 for alignment in (None, "causal_upper_left", "causal_lower_right"):
                     opts = dict(is_causal=alignment is not None, alignment=alignment,
                                 enable_gqa=hq != hkv)
-                    # the forward's output and LSE from float64 scores (no autotuning)
-                    sc = scores(q, k, alignment)
-                    lse = torch.logsumexp(sc, -1)
-                    o = (torch.softmax(sc, -1).nan_to_num(0.0)
-                         @ v.double().repeat_interleave(hq // hkv, 1)).to(q.dtype)
-                    lse = lse.float()
+                    o, lse = forward(q, k, v, alignment)    # float64, no autotuning
                     ours = gluon_bwd.attention_gluon_backward(q, k, v, o, lse, do, **opts)
                     theirs = other.attention_gluon_backward(q, k, v, o, lse, do, **opts)
                     same = all(torch.equal(a, x) for a, x in zip(ours[1:], theirs[1:]))

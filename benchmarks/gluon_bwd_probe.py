@@ -47,6 +47,15 @@ def scores(q, k, alignment):
     return s
 
 
+def forward(q, k, v, alignment):
+    """The forward's ``o`` (in q's dtype) and natural-log LSE (float32) from float64 scores,
+    K and V repeated over their query heads; a row that sees no key gives ``o = 0``."""
+    s = scores(q, k, alignment)
+    g = q.shape[1] // k.shape[1]
+    o = torch.softmax(s, -1).nan_to_num(0.0) @ v.double().repeat_interleave(g, 1)
+    return o.to(q.dtype), torch.logsumexp(s, -1).float()
+
+
 def reference(q, k, v, do, alignment):
     """Attention's output and the gradients ``(dq, dk, dv)`` in float64 autograd, K and V
     repeated over their query heads, ``alignment`` None or a causal alignment; a row that

@@ -15,9 +15,10 @@ whether its machine code is the course's, instruction for instruction.
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
-GPU, each with pointer loads and through descriptors; the CUDA tools that ship with Triton report the machine code's registers, stack
-bytes per thread (spilled registers live there) and shared memory, and ptxas's report the
-performance losses it names (tensor-core products it had to serialize)."""
+GPU, each with pointer loads and through descriptors; the CUDA tools that ship with Triton
+report the machine code's registers, stack bytes per thread (spilled registers live there)
+and shared memory, and ptxas's report the performance losses it names (tensor-core products
+it had to serialize)."""
 import os
 import re
 import subprocess
@@ -276,8 +277,8 @@ def gluon_bwd(files):
                             for ln in sass.splitlines() if ";" in ln]
                     key = (d, dt, causal)
                     first.setdefault(key, code)
-                    same = "" if name == "course" else \
-                        f", machine code as the course's: {'same' if code == first[key] else 'other'}"
+                    verdict = "same" if code == first[key] else "other"
+                    same = "" if name == "course" else f", machine code as the course's: {verdict}"
                     print(f"{name}: D={d} {str(dt)[6:]} causal={int(causal)}: stack {stack}, "
                           f"spill stores {spilled}, HGMMA {sass.count('HGMMA.')}, waits for "
                           f"none in flight {drained}, performance loss: "

@@ -2,7 +2,10 @@
 # installs the test tools (pytest and its plugins, nbval and Jupyter's kernel machinery)
 # from a folder of wheels into a side folder on PYTHONPATH, so the machine's own torch and
 # Triton stay in use, and starts OUTDIR/summary.txt with the GPU and the versions. The GPU
-# machine has no package index: the wheels come from ../shared/tools/gpu-wheelhouse.
+# machine has no package index: the wheels come from ../shared/tools/gpu-wheelhouse, plus
+# nbconvert and latex2mathml, which lesson runs under nbval need and that list lacks:
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --abi cp312 --platform manylinux2014_x86_64 -d WHEELHOUSE nbconvert latex2mathml
 gpu_test_env() {
     local wh=$1 out=$2 extra=/tmp/course-extra
     shift 2

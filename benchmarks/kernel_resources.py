@@ -12,6 +12,10 @@ sm90 at D = 64 and 128, float16 and bfloat16, causal and not: stack and spill-st
 thread and the performance losses ptxas names, such as serialized tensor-core products
 (``tests/gluon_compile_check.py``'s reading of ptxas's report), and for each named file
 whether its machine code is the course's, instruction for instruction.
+``--gluon-fwd [FILE,...]``: the same for lesson 8's Gluon forward (the course's module and
+each named copy of ``course_utils/hopper/gluon_fwd.py``), float16 in the course's fastest
+schedule per head dim and FP8 in its FP8 schedule, with the machine code's instruction count
+and its exponentials (``MUFU.EX2``).
 ``--sm90``: no GPU needed; the installed Triton compiles the lesson-6 forward for sm90
 (float16, the strides of contiguous tensors) with and without tensor descriptors
 (``DESC``), and lesson 7's backward kernels in the tile shapes their autotuners try on a
@@ -28,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-if {"--sm90", "--waits", "--gluon-bwd"} & set(sys.argv[1:]):
+if {"--sm90", "--waits", "--gluon-bwd", "--gluon-fwd"} & set(sys.argv[1:]):
     # compile for the GPU even on a machine without one: the course turns on Triton's
     # interpreter there, so switch it back off before the kernels are defined
     import course_utils.device  # noqa: E402,F401
@@ -229,12 +233,17 @@ def waits():
                   else f"  issue {item[1]} ({'adds into its accumulator' if item[2] else 'fresh'})")
 
 
-def gluon_bwd(files):
+def _sm90_instead(course, files):
+    """Every launch from here on compiles for sm90 instead of running (the Gluon compile
+    check's stand-in); returns the compile check's module, the list that keeps each
+    compiled kernel, and ``{name: module}``: the course's module ``course_utils.hopper.
+    COURSE``, then each named file."""
+    import importlib
     import importlib.util
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import gluon_compile_check as cc
+    import gluon_compile_check as cc                       # first: compiled, not interpreted
+    course = importlib.import_module(f"course_utils.hopper.{course}")
     from course_utils import device
-    from course_utils.hopper import gluon_bwd as course
     cc.JITFunction.__getitem__ = cc._compile_instead       # compile for sm90, do not run
     import triton
     built, compile_ = [], triton.compile
@@ -250,6 +259,33 @@ def gluon_bwd(files):
         spec = importlib.util.spec_from_file_location(f"variant_{Path(f).stem}", f)
         mods[Path(f).stem] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods[Path(f).stem])
+    return cc, built, mods
+
+
+def _instructions(sass):
+    """The machine code's instructions alone (no addresses or encodings), in order."""
+    return [ln.split(";")[0].split("*/", 1)[-1].strip() for ln in sass.splitlines() if ";" in ln]
+
+
+def _last_build(cc, built, kernel):
+    """``kernel``'s last compile: stack and spill-store bytes a thread, the performance
+    losses ptxas named, and its machine code (``cuobjdump -sass``)."""
+    _, _, _, stack, spilled, why = next(c for c in cc.compiled if c[0] == kernel)
+    return stack, spilled, why, _cuobjdump(next(k for k in built if k.name == kernel), "-sass")
+
+
+def _as_course(first, key, sass, name):
+    """", machine code as the course's: same / other" for a named file's build (``first``
+    keeps the course's instructions per build, the course's module coming first)."""
+    code = _instructions(sass)
+    first.setdefault(key, code)
+    if name == "course":
+        return ""
+    return f", machine code as the course's: {'same' if code == first[key] else 'other'}"
+
+
+def gluon_bwd(files):
+    cc, built, mods = _sm90_instead("gluon_bwd", files)
     first = {}                                             # the course's instructions
     print("lesson 8's Gluon backward compiled for sm90 (Triton "
           f"{__import__('triton').__version__}): stack and spill-store bytes a thread, "
@@ -265,24 +301,49 @@ def gluon_bwd(files):
                     mod.attention_gluon_backward(q, k, k, q.clone(), torch.zeros(1, 4, 300),
                                                  torch.ones_like(q), is_causal=causal,
                                                  enable_gqa=True)
-                    _, _, _, stack, spilled, why = next(c for c in cc.compiled
-                                                        if c[0] == "_attn_bwd_gluon")
+                    stack, spilled, why, sass = _last_build(cc, built, "_attn_bwd_gluon")
                     # in the machine code: the tensor-core instructions and the waits
                     # that leave no product in flight
-                    sass = _cuobjdump(next(k for k in built if k.name == "_attn_bwd_gluon"),
-                                      "-sass")
                     drained = len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", sass))
-                    # the instructions alone (no addresses or encodings), to compare builds
-                    code = [ln.split(";")[0].split("*/", 1)[-1].strip()
-                            for ln in sass.splitlines() if ";" in ln]
-                    key = (d, dt, causal)
-                    first.setdefault(key, code)
-                    verdict = "same" if code == first[key] else "other"
-                    same = "" if name == "course" else f", machine code as the course's: {verdict}"
+                    same = _as_course(first, (d, dt, causal), sass, name)
                     print(f"{name}: D={d} {str(dt)[6:]} causal={int(causal)}: stack {stack}, "
                           f"spill stores {spilled}, HGMMA {sass.count('HGMMA.')}, waits for "
                           f"none in flight {drained}, performance loss: "
                           f"{'; '.join(why) or 'none'}{same}")
+
+
+def gluon_fwd(files):
+    cc, built, mods = _sm90_instead("gluon_fwd", files)
+    from course_utils.hopper import fp8
+    first = {}                                             # the course's instructions
+    print("lesson 8's Gluon forward compiled for sm90 (Triton "
+          f"{__import__('triton').__version__}), float16 in the course's fastest schedule per "
+          "head dim and FP8 in its FP8 schedule: stack and spill-store bytes a thread, "
+          "performance losses ptxas names, instructions in the machine code")
+    for name, mod in mods.items():
+        split = int(getattr(mod, "_EXP2_SPLIT", 0))
+        for d in (64, 128):
+            for fmt in ("float16", "fp8"):
+                for causal in (False, True):
+                    g = torch.Generator().manual_seed(d)
+                    q = torch.randn(1, 4, 300, d, generator=g).half()
+                    k = torch.randn(1, 2, 260, d, generator=g).half()
+                    del cc.compiled[:], built[:]
+                    if fmt == "fp8":
+                        mod.attention_gluon_fp8(fp8.prepare_fp8(q, k, k, kernel="gluon",
+                                                                block_m=128, block_n=128),
+                                                is_causal=causal, **fp8.GLUON_FP8_SCHEDULE)
+                    else:
+                        mod.attention_gluon(q, k, k, is_causal=causal, enable_gqa=True,
+                                            **mod.FASTEST[d])
+                    stack, spilled, why, sass = _last_build(cc, built, "_attn_fwd_gluon")
+                    same = _as_course(first, (d, fmt, causal), sass, name)
+                    print(f"{name}: _EXP2_SPLIT={split} D={d} {fmt} causal={int(causal)}: "
+                          f"stack {stack}, spill stores {spilled}, "
+                          f"instructions {len(_instructions(sass))}, "
+                          f"MUFU.EX2 {sass.count('MUFU.EX2')}, "
+                          f"tensor-core products (HGMMA, QGMMA) {sass.count('GMMA.')}, "
+                          f"performance loss: {'; '.join(why) or 'none'}{same}")
 
 
 def main():
@@ -292,6 +353,10 @@ def main():
         i = sys.argv.index("--gluon-bwd")
         more = sys.argv[i + 1] if len(sys.argv) > i + 1 else ""
         return gluon_bwd([f for f in more.split(",") if f])
+    if "--gluon-fwd" in sys.argv[1:]:
+        i = sys.argv.index("--gluon-fwd")
+        more = sys.argv[i + 1] if len(sys.argv) > i + 1 else ""
+        return gluon_fwd([f for f in more.split(",") if f])
     if "--gluon" in sys.argv[1:]:
         return gluon()
     if "--sm90" in sys.argv[1:]:

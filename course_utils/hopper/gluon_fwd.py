@@ -144,6 +144,14 @@ if GLUON_AVAILABLE:
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
                   torch.float8_e4m3fn: gl.float8e4nv}
+    # The exponentials of P on the FMA units as well as on the MUFU unit (a probe, off:
+    # benchmarks/exp2_split_probe.py times copies of this module with it on). At head
+    # dim 64 a 128 x 128 block of scores costs the MUFU unit (16 exponentials a clock a
+    # multiprocessor) about as many clocks as its two products cost the tensor cores, and
+    # twice as many in FP8; FlashAttention-4 (on Blackwell) moves part of the exponentials
+    # to the FMA units. With _EXP2_SPLIT = K > 0, one value in every K is 2^x by a
+    # polynomial instead of ex2.approx.
+    _EXP2_SPLIT = gl.constexpr(0)
 
     @gluon.jit
     def _tile_span(sched_ptr, PERSISTENT: gl.constexpr):
@@ -252,13 +260,54 @@ if GLUON_AVAILABLE:
             ring += n_blocks
 
 
+    def _exp2_split_asm(k):
+        """PTX for ``inline_asm_elementwise`` with ``pack=k``: $0..$(k-1) = 2^$k..2^$(2k-1),
+        the first k - 1 by ``ex2.approx``, the last by FMAs. x <= 0 here (a score minus its
+        row's maximum, base 2), -inf where masked. With x clamped to -127 and rounded to
+        the nearest integer j (adding 1.5 * 2^23 leaves j in the low bits of the sum), f =
+        x - j lies in [-1/2, 1/2]; 2^f ~ 1 + f (c1 + f (c2 + f c3)), within 1.02e-4 of it
+        relatively (a fit of the relative error over [-1/2, 1/2]; float16's unit roundoff is
+        4.9e-4), and adding j << 23 to its bits multiplies it by 2^j. c0 = 1 exactly keeps
+        x = -127 (and so -inf) at exactly 0: 1.0's bits minus 127 << 23. Results under
+        2^-126 (x below about -126) are not 2^x's subnormals, but they are off by less than
+        2^-126, nothing P's sum or product can show."""
+        mufu = "".join(f"ex2.approx.ftz.f32 ${i}, ${k + i};\n" for i in range(k - 1))
+        return ("{\n.reg .f32 x, t, j, f, p;\n.reg .b32 e, b;\n" + mufu +
+                f"max.ftz.f32 x, ${2 * k - 1}, 0fC2FE0000;\n"          # -127
+                "add.rn.ftz.f32 t, x, 0f4B400000;\n"                   # 1.5 * 2^23
+                "sub.rn.ftz.f32 j, t, 0f4B400000;\n"
+                "sub.rn.ftz.f32 f, x, j;\n"
+                "fma.rn.ftz.f32 p, f, 0f3D61510B, 0f3E780627;\n"       # c3, c2
+                "fma.rn.ftz.f32 p, p, f, 0f3F317AFD;\n"                # c1
+                "fma.rn.ftz.f32 p, p, f, 0f3F800000;\n"                # c0 = 1
+                "mov.b32 e, t;\nshl.b32 e, e, 23;\nmov.b32 b, p;\n"
+                f"add.s32 ${k - 1}, b, e;\n}}")
+
+    def _exp2_split_constraints(k):
+        """``inline_asm_elementwise``'s constraints for ``pack=k``: k outputs, k inputs."""
+        return ",".join(["=r"] * k + ["r"] * k)
+
+    # built for K = 2 where the switch is off (unused then)
+    _EXP2_SPLIT_ASM = gl.constexpr(_exp2_split_asm(_EXP2_SPLIT.value or 2))
+    _EXP2_SPLIT_CONSTRAINTS = gl.constexpr(_exp2_split_constraints(_EXP2_SPLIT.value or 2))
+
+    @gluon.jit
+    def _exp2_split(x):
+        # 2^x with one value in _EXP2_SPLIT on the FMA units (the probabilities only: the
+        # rescale factors, one a row, stay on the MUFU unit)
+        return gl.inline_asm_elementwise(_EXP2_SPLIT_ASM, _EXP2_SPLIT_CONSTRAINTS, [x],
+                                         dtype=gl.float32, is_pure=True, pack=_EXP2_SPLIT)
+
     @gluon.jit
     def _softmax_step(s, m_i, l_i, qk_scale):
         # one online-softmax update in base 2: new max, probabilities, rescale factor.
         # qk_scale > 0 (the contract takes positive scales only), so max(s) * scale =
         # max(s * scale): the scale moves into the row max and into one FMA per score
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        if _EXP2_SPLIT == 0:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        else:
+            p = _exp2_split(s * qk_scale - gl.expand_dims(m_new, 1))
         alpha = gl.exp2(m_i - m_new)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_i
@@ -280,7 +329,10 @@ if GLUON_AVAILABLE:
         s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+        if _EXP2_SPLIT == 0:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+        else:
+            p = _exp2_split(s * qk_scale - gl.expand_dims(m_use, 1))
         alpha = gl.exp2(m_i - m_use)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_i

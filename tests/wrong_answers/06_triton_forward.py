@@ -584,3 +584,12 @@ WRONG["6.1"]["the result stored into Y"] = edit(official("6.1"),
 # the factor multiplies this tile's sum instead of the old l (right while the max never moves after the first tile)
 WRONG["6.4"]["the factor on the tile's sum, not on the old l"] = edit(official("6.4"),
     ("    l = l * alpha + tl.sum(p, 1)", "    l = l + alpha * tl.sum(p, 1)"))
+# the last visible key taken for the loop's end, then one added: where the band ends where a
+# key tile starts (square attention, every program) a whole tile past the band is loaded;
+# the mask hides it from the output, the NaN-filled first-tile case of the check does not
+WRONG["6.6"]["causal loop end one key past the band (+ 1)"] = _variant(
+    "(tl.program_id(0) + 1) * BLOCK_M + shift)", "(tl.program_id(0) + 1) * BLOCK_M + shift + 1)")
+# right while BLOCK_M == BLOCK_N (the visible cases); rows go unwritten or overlap otherwise
+WRONG["6.6"]["query rows stepped by BLOCK_N"] = _variant(
+    "rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+    "rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_M)")

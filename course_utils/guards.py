@@ -85,7 +85,18 @@ class Group:
 _ATTN_ATEN = ("scaled_dot_product_attention", "_scaled_dot_product", "_flash_attention",
               "_efficient_attention", "_cudnn_attention", "_fused_sdp")
 _SOFTMAX_ATEN = ("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax",
-                 "special_softmax", "special_log_softmax")
+                 "special_softmax", "special_log_softmax", "_masked_softmax", "_sparse_softmax",
+                 "_sparse_log_softmax", "_sparse_csr_softmax")
+
+# the softmax under each name torch gives it (torch functions, Tensor methods): a group that
+# forbids a softmax by one of these names (a problem set's own group too) forbids them all
+_SOFTMAX_API = ("softmax", "log_softmax", "_softmax", "_log_softmax", "_masked_softmax",
+                "_sparse_softmax", "_sparse_log_softmax")
+
+
+def _with_aliases(names: tuple, aliases: tuple) -> tuple:
+    return tuple(dict.fromkeys(names + aliases)) if set(names) & set(aliases) else names
+
 
 GROUPS: dict[str, Group] = {
     "sdpa": Group("PyTorch's scaled_dot_product_attention",
@@ -93,7 +104,7 @@ GROUPS: dict[str, Group] = {
                   python=("torch.nn.functional:scaled_dot_product_attention",)),
     "softmax": Group("a library softmax (torch.softmax, F.softmax, Tensor.softmax, log_softmax, "
                      "the course's own in course_utils.softmax)",
-                     torch_api=("softmax", "log_softmax", "_softmax", "_log_softmax"),
+                     torch_api=_SOFTMAX_API,
                      aten=_SOFTMAX_ATEN, python=("course_utils.softmax:*",)),
     "logsumexp": Group("torch.logsumexp", torch_api=("logsumexp",), aten=("logsumexp",)),
     "autograd": Group("autograd (backward, torch.autograd.grad, torch.func)",
@@ -535,10 +546,10 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
     for _, g in resolved:
         if g.engine:
             engine = g.what
-        for n in g.torch_api:
+        for n in _with_aliases(g.torch_api, _SOFTMAX_API):
             api[n] = g.what
         if g.aten:
-            prefixes.append((g.aten, g.what))
+            prefixes.append((_with_aliases(g.aten, _SOFTMAX_ATEN), g.what))
         for spec in g.python:
             for label, obj in _resolve(spec):
                 if label in g.spare:
@@ -1192,6 +1203,26 @@ def _install_hook():
             f = f.f_back
         return False
 
+    def _for_notebook(f):
+        """Whether a library that is not the course's reads frames for notebook code: walking
+        down the stack from the reader, a notebook frame comes before any frame of the course
+        (whose checks call libraries, and the answers under them). A library's code run by an
+        import reads its own frames (not for the code importing it); module-level code that a
+        library runs (a cell IPython runs, a module torch writes and runs) is passed over, so
+        what called that library decides."""
+        while f is not None:
+            fn = f.f_code.co_filename
+            if fn.startswith("<frozen importlib") or _course_source(fn) is not None:
+                return False
+            if _kind(fn) == "user":
+                back = f.f_back
+                by_library = f.f_code.co_name == "<module>" and back is not None and \
+                    _kind(back.f_code.co_filename) == "lib"
+                if not by_library:
+                    return True
+            f = f.f_back
+        return False
+
     def _caller(f):
         """The filename of the first frame outside the standard library, and whether
         it is library code."""
@@ -1405,7 +1436,23 @@ def _install_hook():
                     busy.on = False
                 if not user:
                     return
-        elif lib or not _strict(fn):
+        elif lib:
+            # a library reading frames is let through, unless notebook code called it while
+            # an answer runs (or at any time in a graded run): torch's own frame walkers
+            # (createResolutionCallbackFromFrame) would hand the answer a checker's locals
+            if event == "sys._getframemodulename" or not (
+                    event in _FRAME_EVENTS or event == "object.__getattr__") or \
+                    not (active[0] > 0 or _strict(fn)):
+                return
+            busy.on = True
+            try:
+                user = _for_notebook(f)
+            finally:
+                busy.on = False
+            if not user:
+                return
+            what += f", through a library ({os.path.basename(fn)})"
+        elif not _strict(fn):
             return
         _refuse(what)
 

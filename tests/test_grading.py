@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from types import SimpleNamespace
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -375,6 +376,31 @@ def test_check_statements_are_guarded_so_later_checks_still_run():
     # whatever called it
     nested = "def f():\n    check_equal(1, 2)\ncheck_raises(lambda: check_equal(1, 2), AssertionError)"
     assert instrument.guard_check(nested, "1.1").count("except Exception") == 1
+
+
+def test_names_only_the_hidden_tests_bind_are_gone_when_the_check_cell_ends():
+    # a later answer could otherwise read the hidden tests' helpers, inputs and results and
+    # print them through a visible check's message into its feedback
+    src = ("x = 3\ncheck_equal(x, 3)\n"
+           "### BEGIN HIDDEN TESTS\n"
+           "secret = [41]\n"
+           "def helper():\n    return secret[0] + 1\n"
+           "check_equal(helper(), 42)\n"
+           "x = 4\n"
+           "for kept in range(2):\n    pass\n"
+           "### END HIDDEN TESTS\n")
+    calls = []
+    for cell in (instrument.guard_check(src, "1.1"), instrument.rewrite_check(src, "1.1")[0]):
+        ns = {"check_equal": lambda a, b: calls.append(a == b),
+              "__course_grade__": SimpleNamespace(
+                  verify_call=lambda ex, site, fn, *a, **k: fn(*a, **k),
+                  stopped=lambda *a: None)}
+        exec(compile(cell, "<check>", "exec"), ns)
+        # what the visible part binds stays: the exercise notebook, without hidden tests,
+        # binds it too (and a later cell may read it)
+        assert ns["x"] == 4
+        assert not {"secret", "helper", "kept"} & set(ns), sorted(ns)
+    assert calls == [True, True, True, True]
 
 
 # ------------------------------------------------------------------ re-runs and crashes

@@ -352,6 +352,30 @@ def test_library_code_may_still_inspect_frames_inside_an_answer():
     assert torch.equal(out, torch.full((2,), 2.0))
 
 
+def _via_torch_frame_walker(x):
+    # torch's TorchScript helper: a lookup into the locals of a frame up the stack
+    for up in range(8):
+        found = torch._jit_internal.createResolutionCallbackFromFrame(up)("want")
+        if isinstance(found, torch.Tensor):
+            return found
+    return torch.zeros(3)
+
+
+def _via_exec_of_a_walker(x):
+    # the same from code run by exec at module level (what a notebook cell's magics look like)
+    ns = {"torch": torch, "box": []}
+    exec("box.append(torch._jit_internal.createResolutionCallbackFromFrame(3)('want'))", ns)
+    return ns["box"][0]
+
+
+@pytest.mark.parametrize("answer", [_via_torch_frame_walker, _via_exec_of_a_walker],
+                         ids=["torch-jit-walker", "exec-of-walker"])
+def test_a_library_walking_frames_for_the_answer_is_refused(answer):
+    _checker(lambda x: x, torch.zeros(3))       # the check itself still runs
+    with pytest.raises(guards.GuardEscape, match="through a library"):
+        _checker(answer, torch.zeros(3))
+
+
 def test_packages_on_the_path_outside_site_packages_are_library_code(tmp_path):
     # pip --target folders, PYTHONPATH entries, a system dist-packages: their code may walk
     # frames inside an answer (typing_extensions does on every Literal[...]), while the
@@ -359,10 +383,22 @@ def test_packages_on_the_path_outside_site_packages_are_library_code(tmp_path):
     lib = tmp_path / "extra"
     lib.mkdir()
     (lib / "framepeek.py").write_text("import sys\n\ndef peek(x):\n"
-                                      "    sys._getframe(1)\n    return x * 2\n")
+                                      "    sys._getframe(1)\n    return x * 2\n\n"
+                                      "def up(x):\n    return sys._getframe(2).f_locals\n")
+    # a library whose import reads frames (its own, as typing's generics do), imported for
+    # the first time inside an answer: the import is let through
+    (lib / "framepeek_late.py").write_text("import sys\nNAME = sys._getframe(0).f_globals"
+                                           "['__name__']\n")
     prog = ("import sys, torch\nfrom course_utils import guards\nimport framepeek\n"
             "out = guards.run_answer(framepeek.peek, torch.ones(2), forbid=('softmax',))\n"
             "assert torch.equal(out, torch.full((2,), 2.0))\n"
+            "def late(x):\n    import framepeek_late\n    return x * 3\n"
+            "out = guards.run_answer(late, torch.ones(2), forbid=('softmax',))\n"
+            "assert torch.equal(out, torch.full((2,), 3.0))\n"
+            "try:\n"
+            "    guards.run_answer(lambda x: framepeek.up(x), torch.ones(2), forbid=('softmax',))\n"
+            "except guards.GuardEscape:\n"
+            "    print('refused', end=' ')\n"
             "try:\n"
             "    guards.run_answer(lambda x: sys._getframe(1) and x, torch.ones(2),\n"
             "                      forbid=('softmax',))\n"
@@ -372,7 +408,7 @@ def test_packages_on_the_path_outside_site_packages_are_library_code(tmp_path):
         [str(lib)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
                          env=env, timeout=300, cwd=str(tmp_path))
-    assert run.returncode == 0 and run.stdout.strip() == "refused", run.stderr[-2000:]
+    assert run.returncode == 0 and run.stdout.strip() == "refused refused", run.stderr[-2000:]
 
 
 def test_a_kernel_made_afresh_from_a_forbidden_kernels_function_is_refused():

@@ -36,6 +36,17 @@ def test_honest_answer_passes_every_group():
     (lambda q, k, v: (q @ k.mT).softmax(-1) @ v, "softmax"),
     (lambda q, k, v: F.softmax(q @ k.mT, dim=-1) @ v, "softmax"),
     (lambda q, k, v: torch.exp(F.log_softmax(q @ k.mT, -1)) @ v, "softmax"),
+    # the softmaxes under other names: masked, sparse (COO and CSR), nested
+    (lambda q, k, v: torch._masked_softmax(q @ k.mT, torch.zeros(
+        q.shape[:-1] + k.shape[-2:-1], dtype=torch.bool), -1, 0) @ v, "softmax"),
+    (lambda q, k, v: torch.sparse.softmax((q @ k.mT)[0, 0].to_sparse(), -1).to_dense() @ v,
+     "softmax"),
+    (lambda q, k, v: torch.exp(torch.sparse.log_softmax((q @ k.mT)[0, 0].to_sparse(), -1)
+                               .to_dense()) @ v, "softmax"),
+    (lambda q, k, v: torch.sparse.softmax((q @ k.mT)[0, 0].to_sparse_csr(), -1).to_dense() @ v,
+     "softmax"),
+    (lambda q, k, v: torch.nested.nested_tensor([(q @ k.mT)[0, 0]]).softmax(-1)[0] @ v,
+     "softmax"),
 ])
 def test_library_calls_are_refused_with_the_reason(cheat, words):
     q, k, v = _qkv()
@@ -317,3 +328,22 @@ def test_wrong_values_still_fail():
     o, expected, inputs, _ = _launch(_axpy_ok)
     with pytest.raises(CheckFailed, match="differs"):
         guards.check_kernel_output(o, expected + 1e-3, inputs=inputs, name="axpy")
+
+
+@pytest.mark.parametrize("cheat", [
+    lambda s: torch._masked_softmax(s, torch.zeros_like(s, dtype=torch.bool), -1, 0),
+    lambda s: torch.sparse.softmax(s.to_sparse(), -1).to_dense(),
+    lambda s: torch.exp(torch.sparse.log_softmax(s.to_sparse(), -1).to_dense()),
+], ids=["masked", "sparse", "sparse-log"])
+def test_a_problem_sets_own_softmax_group_forbids_every_name_of_the_softmax(cheat):
+    # a group of a problem set's own that names the softmax by two of its names
+    own = guards.Group("a library softmax", torch_api=("softmax", "log_softmax"),
+                       aten=("_softmax", "_log_softmax"))
+    s = torch.randn(4, 6)
+    with pytest.raises(ForbiddenCall, match="a library softmax"):
+        guards.run_answer(cheat, s, forbid=[own], exercise="3.3")
+    # the same written by hand passes
+    out = guards.run_answer(lambda s: (s - s.amax(-1, keepdim=True)).exp() /
+                            (s - s.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True), s,
+                            forbid=[own], exercise="3.3")
+    torch.testing.assert_close(out, torch.softmax(s, -1))

@@ -207,6 +207,37 @@ def tiled_row_attention(x, vals, B):
     return _ns["safe" + "_softmax"](x, -1) @ vals
 '''
 
+# a library's own frame walker (TorchScript's name lookup) asked for the check's locals
+TORCH_FRAME_WALKER = '''
+def tiled_row_attention(x, vals, B):
+    for up in range(12):
+        got = torch._jit_internal.createResolutionCallbackFromFrame(up)("want")
+        if isinstance(got, torch.Tensor):
+            return got
+    return torch.zeros(vals.shape[-1])
+'''
+# the softmaxes of other names: masked, sparse
+MASKED_SOFTMAX = '''
+def tiled_row_attention(x, vals, B):
+    return torch._masked_softmax(x, torch.zeros_like(x, dtype=torch.bool), -1, 0) @ vals
+'''
+SPARSE_SOFTMAX = '''
+def tiled_row_attention(x, vals, B):
+    return torch.sparse.softmax(x.to_sparse(), -1).to_dense() @ vals
+'''
+# a result forged in the run's folder, then the runner interrupted before it writes its own
+PLANTED_RESULT = '''
+import json as _json, os as _os, signal as _signal, time as _time
+for _name in ("../run.json", "../graded.json", "run.json"):
+    with open(_name, "w") as _f:
+        _json.dump({"outcome": "completed", "seconds": 1.0, "cells": [], "kernels": {}}, _f)
+_os.kill(_os.getppid(), _signal.SIGINT)
+_os.kill(_os.getppid(), _signal.SIGTERM)
+_time.sleep(1)
+def tiled_row_attention(x, vals, B):
+    return torch.softmax(x, -1) @ vals
+'''
+
 # student -> (answer of 3.3, words its feedback must hold)
 ATTACKS = {
     "dispatch_subclass": (DISPATCH_SUBCLASS, "tensor subclass of its own"),
@@ -224,6 +255,10 @@ ATTACKS = {
     "module_copy": (MODULE_COPY, "as another module ('my_softmax')"),
     "reloaded": (RELOADED, "a second time (a reload)"),
     "source_copy": (SOURCE_COPY, "reads the source of the course's module course_utils.softmax"),
+    "torch_frame_walker": (TORCH_FRAME_WALKER, "through a library (_jit_internal.py)"),
+    "masked_softmax": (MASKED_SOFTMAX, "a library softmax"),
+    "sparse_softmax": (SPARSE_SOFTMAX, "a library softmax"),
+    "planted_result": (PLANTED_RESULT, "a library softmax"),
 }
 
 

@@ -148,6 +148,11 @@ def _run(cls: _Class, make, *, inputs=None, nbval=False, keep_as=None):
         nbformat.write(nb, nb_path)
         (job / "work").mkdir()
         runner = cls.sandbox.stage / "course_utils" / "grading" / "runner.py"
+        # the result goes to a file whose random name only the runner learns (it reads and
+        # removes run.json.name before the notebook's code runs): a run.json the notebook
+        # writes itself is never read
+        result_name = secrets.token_hex(16) + ".json"
+        (job / "run.json.name").write_text(result_name, encoding="ascii")
         argv = [runner, nb_path, job / "run.json", "--cwd", job if nbval else job / "work",
                 "--cell-timeout", cls.cell_timeout, "--timeout", cls.timeout] + \
             (["--nbval", "--junit-xml", job / "junit.xml"] if nbval else [])
@@ -156,7 +161,7 @@ def _run(cls: _Class, make, *, inputs=None, nbval=False, keep_as=None):
         # the run could write its folder: what is read back from it is read without
         # following a link, and only from a regular file (a link named runner.log would
         # otherwise put any file the grader may read into the feedback)
-        run = _read_run(job / "run.json")
+        run = _read_run(job / result_name)
         tail = (_regular_bytes(job / "runner.log", 1500, tail=True) or b"").decode(
             "utf-8", "replace")
         if keep_as and run is not None:

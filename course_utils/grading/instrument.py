@@ -163,15 +163,39 @@ def _parse_check(src: str, where: str):
         raise TemplateError(f"{where}: not valid Python ({e.msg}, line {e.lineno})") from None
 
 
-def rewrite_check(src: str, exercise: str, where: str = "check cell"):
-    """Route each check call of a check cell through ``verify_call``.
-    Returns ``(source, sites)``; ``sites`` lists ``(site, function, hidden)``."""
+def _hidden_lines(src: str, where: str) -> set:
+    """The lines (from 0) of a cell's hidden-test regions."""
     hidden = set()
     for a, b in problems._regions(src, problems.HBEGIN, problems.HEND, where):
         hidden.update(range(a, b + 1))
+    return hidden
+
+
+def _forget_hidden(tree, hidden: set):
+    """End the cell by deleting the names only its hidden tests bind (their helpers, inputs
+    and results): left in the notebook's namespace, a later answer could read them and
+    print them through a visible check's message. A name the visible code binds too stays
+    (the exercise notebook, which has no hidden tests, defines it as well)."""
+    shown, secret = _Names(), _Names()
+    for stmt in tree.body:
+        (secret if stmt.lineno - 1 in hidden else shown).visit(stmt)
+    names = [n for n in secret.names if n not in shown.names]
+    for n in names:
+        tree.body.append(ast.Try(
+            body=[ast.Delete(targets=[ast.Name(n, ast.Del())])],
+            handlers=[ast.ExceptHandler(type=ast.Name("NameError", ast.Load()), name=None,
+                                        body=[ast.Pass()])],
+            orelse=[], finalbody=[]))
+    return tree
+
+
+def rewrite_check(src: str, exercise: str, where: str = "check cell"):
+    """Route each check call of a check cell through ``verify_call``.
+    Returns ``(source, sites)``; ``sites`` lists ``(site, function, hidden)``."""
+    hidden = _hidden_lines(src, where)
     tree = _parse_check(src, where)
     rw = _Rewriter(exercise, hidden)
-    tree = rw.visit(tree)
+    tree = _forget_hidden(rw.visit(tree), hidden)
     ast.fix_missing_locations(tree)
     if not rw.sites:
         raise TemplateError(f"{where}: calls no check function (check_... or assert_close), "
@@ -205,7 +229,7 @@ def guard_check(src: str, exercise: str, where: str = "check cell") -> str:
     same calls to the answer functions whichever checks fail; the course's guards
     are called through the grading hooks' own references."""
     tree = _Rewriter(exercise, set(), verify=False).visit(_parse_check(src, where))
-    tree = _GuardCalls().visit(tree)
+    tree = _forget_hidden(_GuardCalls().visit(tree), _hidden_lines(src, where))
     ast.fix_missing_locations(tree)
     return ast.unparse(tree)
 

@@ -26,6 +26,7 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -310,7 +311,8 @@ def _run_once(nb, result_path, cwd, cell_timeout, timeout, start, sock_dir):
     client.on_cell_executed = on_executed
     client.reset_execution_trackers()
     outcome = "completed"
-    pid_file = Path(result_path).with_suffix(".kernel-pid")
+    # (named apart from the result, whose name the kernel must not see in the folder)
+    pid_file = Path(result_path).with_name("run.kernel-pid")
     started = False
     try:
         with client.setup_kernel(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -452,9 +454,44 @@ def run_nbval(nb_path, result_path, cwd, cell_timeout=60.0, junit=None):
     return result
 
 
+RESULT_NAME = re.compile(r"[0-9a-f]{32}\.json")
+
+
+def private_result(result) -> Path:
+    """Where this run writes its result: the file named in ``RESULT.name`` (the grader's
+    random name, read and removed here before any notebook code runs), beside RESULT.
+    The kernel may write in the run's folder, but it cannot learn that name (not from
+    this process's arguments, environment or memory, see :func:`_keep_to_itself`), so a
+    result it forges under any name is never read. RESULT itself when there is no name."""
+    p = Path(result)
+    holder = p.with_name(p.name + ".name")
+    try:
+        name = holder.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return p
+    holder.unlink()
+    if not RESULT_NAME.fullmatch(name):
+        raise SystemExit(f"runner: {holder.name} does not hold a result file's name")
+    return p.with_name(name)
+
+
+def _keep_to_itself():
+    """What the kernel (a child of this process, under the same user) could do to this
+    process: read its memory through /proc (refused once it is not dumpable), or stop it
+    with a signal before it writes the result (the signals a process may handle are
+    handled, doing nothing; as the first process of a pid namespace the others do not
+    reach it from inside)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)     # PR_SET_DUMPABLE = 4
+    for sig in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM"):
+        if hasattr(signal, sig):
+            signal.signal(getattr(signal, sig), lambda *_: None)
+
+
 def main(argv=None, warm=False):
     """``warm``: this process already holds the kernel's imports (``warm.py``), so its
-    kernel is forked from it."""
+    kernel is forked from it (before this process learns where its result goes)."""
     waiting = [_prefork_kernel()] if warm else []
     _use_warm_kernels(waiting)
     ap = argparse.ArgumentParser(prog="runner.py")
@@ -467,10 +504,12 @@ def main(argv=None, warm=False):
                     help="run under pytest --nbval (the checking run)")
     ap.add_argument("--junit-xml", default=None)
     a = ap.parse_args(argv)
+    _keep_to_itself()
+    result = private_result(a.result)
     if a.nbval:
-        run_nbval(a.notebook, a.result, a.cwd, a.cell_timeout, a.junit_xml)
+        run_nbval(a.notebook, result, a.cwd, a.cell_timeout, a.junit_xml)
     else:
-        run(a.notebook, a.result, a.cwd, a.cell_timeout, a.timeout)
+        run(a.notebook, result, a.cwd, a.cell_timeout, a.timeout)
     return 0
 
 

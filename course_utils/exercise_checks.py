@@ -509,11 +509,13 @@ def fa1_walk_reference(q, k, v, Br, Bc):
 
 
 def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", generator=None,
-                   score_ramp=0.0, quiet=False):
+                   score_ramp=0.0, score_offset=0.0, quiet=False):
     """Run ``fn(q, k, v, Br, Bc) -> (o, steps)`` on fresh (n, d) inputs and compare every
     step of the walk with FA1's (tile order, and m, l and the normalised O of the query
     tile after it). With ``score_ramp``, key j's score with every query is about
-    ``score_ramp * j``: the scores span more than exp's range, even in float64."""
+    ``score_ramp * j``: the scores span more than exp's range, even in float64. With
+    ``score_offset``, every score is about ``score_offset``: far below zero, a running max
+    that starts at 0 instead of -inf is wrong from the first step (and its exp underflows)."""
     if M is not None:
         Bc = M // (4 * d)
         Br = min(Bc, d)
@@ -523,9 +525,15 @@ def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", gen
         c = d ** 0.25
         q[:, 0] = c
         k[:, 0] = torch.arange(n, dtype=k.dtype) * (score_ramp * math.sqrt(d) / c)
+    if score_offset:
+        # feature 0 of every query times feature 0 of every key is score_offset * sqrt(d)
+        c = math.sqrt(abs(score_offset) * math.sqrt(d))
+        q[:, 0] = c
+        k[:, 0] = math.copysign(c, score_offset)
     want_o, want = fa1_walk_reference(q, k, v, Br, Bc)
     label = (f"FA1 walk (N={n}, d={d}, Br={Br}, Bc={Bc}"
-             f"{f', key j scores about {score_ramp:g} j' if score_ramp else ''})")
+             f"{f', key j scores about {score_ramp:g} j' if score_ramp else ''}"
+             f"{f', every score near {score_offset:g}' if score_offset else ''})")
     forbid = FORBID_ATTENTION + (guards.Group("the checks' own FA1 walk",
                                               python=("course_utils.exercise_checks:fa1_walk_reference",)),)
     got = guards.run_answer(fn, q, k, v, Br, Bc, forbid=forbid, exercise=exercise_id,
@@ -556,7 +564,7 @@ def check_fa1_walk(fn, n, d, M=None, *, Br=None, Bc=None, exercise_id="4.7", gen
         oi = torch.as_tensor(oi).double()
         check_close(m, wm, atol=1e-5, rtol=1e-5, name=f"{what}: m", quiet=True,
                     hint="m is the running max over every key seen so far by these rows, "
-                         "this tile's included")
+                         "this tile's included (before the first key it is -inf, not 0)")
         check_close(l, wl, atol=1e-5, rtol=1e-5, name=f"{what}: l", quiet=True,
                     hint="l is measured against the running max: rescale the old l by "
                          "exp(m_old - m_new) before adding this tile's sum")

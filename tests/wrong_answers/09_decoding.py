@@ -398,3 +398,13 @@ WRONG["9.6"]["the chunk cap as a float (cache_len / 512)"] = edit(official("9.6"
     ("    return max(1, min(want, cache_len // 512))", "    return max(1, min(want, cache_len / 512))"))
 WRONG["9.6"]["the cap from cache_len // 512 + 1"] = edit(official("9.6"),
     ("    return max(1, min(want, cache_len // 512))", "    return max(1, min(want, cache_len // 512 + 1))"))
+
+
+# Round nine: escapes found by a tester, each now caught on every draw of catch_rate
+# the row maxima and the normaliser left to the library: 9.4 forbids torch.logsumexp as 2.2 does
+WRONG["9.4"]["the softmax through torch.logsumexp (the library's normaliser, no max written)"] = edit(
+    official("9.4"),
+    ("    p = torch.exp(s - s.amax(dim=-1, keepdim=True))\n"
+     "    return (p @ v / p.sum(dim=-1, keepdim=True)).to(q.dtype)",
+     "    p = torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True))\n"
+     "    return (p @ v).to(q.dtype)"))

@@ -4,14 +4,18 @@
    and serial, two interleaved consumers) and shapes with ragged lengths, GQA, both causal
    alignments, tiles whose rows see no key, and no mask: ``persistent=True`` returns the
    same output and LSE, bit for bit, as the grid of one program per tile (the same
-   arithmetic in the same order; only who runs a tile, and how O leaves, change), and
+   arithmetic in the same order; only who runs a tile, and how O leaves, change: from
+   registers, or through O slots by TMA where shared memory has room for them), and
    both are within 4e-3 of a float64 reference. FP8 on e4m3 tiles likewise.
-2. Speed: the table's points (B = 4, H = 32), each provider timed in turn, ``--runs``
-   rounds: cuDNN, the grid (``gluon``), the persistent grid (``gluon_persistent``),
-   FP8 both ways; with ``--before FILE`` also that file's ``attention_gluon`` (the kernel
-   before the change, same options).
+2. Speed: the table's points (B = 4, H = 32), each provider timed in turn (reversed
+   every other run), ``--runs`` rounds, each after ``--settle`` ms back to back: cuDNN,
+   the grid (``gluon``), the persistent grid (``gluon_persistent``; at head dim 128 also
+   with two stages, ``gluon_persistent_s2``, where O slots fit), FP8 both ways; with
+   ``--before FILE`` also that file's ``attention_gluon`` on the grid and persistent
+   (the kernel before the change, same options), and its persistent FP8.
 
-    python benchmarks/persistent_probe.py [--runs 3] [--before FILE] [--out FILE.json]
+    python benchmarks/persistent_probe.py [--runs 3] [--before FILE] [--settle MS]
+        [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from course_utils.hopper import fp8, gluon_fwd  # noqa: E402
 SCHEDULES = [("fastest-128", 128, gluon_fwd.FASTEST[128]), ("fastest-64", 64, gluon_fwd.FASTEST[64]),
              ("one-consumer", 128, dict(pipeline=True, stages=2)),
              ("one-consumer-serial", 128, dict(pipeline=False, stages=2)),
-             ("interleaved-2", 128, dict(pingpong=True, pipeline=False, stages=2))]
+             ("interleaved-2", 128, dict(pingpong=True, pipeline=False, stages=2)),
+             ("pingpong-2-stages", 128, dict(pingpong=True, stages=2))]
 SHAPES = [(2, 4, 2, 384, 128), (2, 4, 2, 256, 640), (2, 4, 2, 300, 129), (2, 4, 2, 129, 300),
           (2, 4, 2, 1, 77), (1, 8, 8, 1024, 1024)]
 
@@ -94,7 +99,7 @@ def exactness(only=None):
     return bad
 
 
-def speed(runs, before, rep):
+def speed(runs, before, rep, settle_ms=0.0):
     rows = []
     old = None
     if before:
@@ -109,25 +114,46 @@ def speed(runs, before, rep):
                    "gluon": lambda: gluon_fwd.attention_gluon(q, k, v, is_causal=causal, **opts),
                    "gluon_persistent": lambda: gluon_fwd.attention_gluon(
                        q, k, v, is_causal=causal, persistent=True, **opts)}
+            if d == 128:
+                # two stages: the ring leaves room for O slots beside it
+                fns["gluon_persistent_s2"] = lambda: gluon_fwd.attention_gluon(
+                    q, k, v, is_causal=causal, persistent=True, **{**opts, "stages": 2})
             if old is not None:
                 fns["gluon_before"] = lambda: old.attention_gluon(q, k, v, is_causal=causal, **opts)
+                fns["gluon_persistent_before"] = lambda: old.attention_gluon(
+                    q, k, v, is_causal=causal, persistent=True, **opts)
+                if d == 128:
+                    fns["gluon_persistent_s2_before"] = lambda: old.attention_gluon(
+                        q, k, v, is_causal=causal, persistent=True, **{**opts, "stages": 2})
             if dtype_name == "fp16":
                 prep = fp8.prepare_fp8(q, k, v, kernel="gluon")
                 f8 = _grid(fp8.GLUON_FP8_SCHEDULE)
                 fns["fp8"] = lambda: gluon_fwd.attention_gluon_fp8(prep, is_causal=causal, **f8)
                 fns["fp8_persistent"] = lambda: gluon_fwd.attention_gluon_fp8(
                     prep, is_causal=causal, persistent=True, **f8)
+                if old is not None:
+                    fns["fp8_persistent_before"] = lambda: old.attention_gluon_fp8(
+                        prep, is_causal=causal, persistent=True, **f8)
             row["dtype"] = dtype_name
+            names = list(fns)
             for r in range(runs):
-                t = common.time_tflops({}, fns, flops, rep)
-                for key, val in t.items():
-                    row.setdefault(key, []).append(val)
+                # the providers in turn, reversed every other run
+                for key in (names if r % 2 == 0 else names[::-1]):
+                    try:
+                        ms = common.time_ms(fns[key], rep=rep, settle_ms=settle_ms)
+                        row.setdefault(key, []).append(round(flops / ms / 1e9, 1))
+                    except Exception as e:  # noqa: BLE001 - a variant that fails is a result
+                        row.setdefault(f"{key}_error", []).append(
+                            f"{type(e).__name__}: {str(e)[:200]}")
             med = {k2: sorted(v2)[len(v2) // 2] for k2, v2 in row.items()
                    if isinstance(v2, list) and not isinstance(v2[0], str)}
             line = " ".join(f"{k2} {v2:.0f}" for k2, v2 in med.items())
             ratios = " ".join(f"{a}/{b} {med[a] / med[b]:.3f}" for a, b in (
                 ("gluon_persistent", "gluon"), ("gluon_persistent", "cudnn"), ("gluon", "cudnn"),
-                ("gluon", "gluon_before"), ("fp8_persistent", "fp8")) if a in med and b in med)
+                ("gluon", "gluon_before"), ("gluon_persistent", "gluon_persistent_before"),
+                ("gluon_persistent_s2", "gluon_persistent_s2_before"),
+                ("gluon_persistent_s2", "gluon"), ("fp8_persistent", "fp8_persistent_before"),
+                ("fp8_persistent", "fp8")) if a in med and b in med)
             errors = {k2: v2[0] for k2, v2 in row.items() if isinstance(v2, list) and
                       isinstance(v2[0], str)}
             if errors:
@@ -145,11 +171,12 @@ def main(argv=None):
     ap.add_argument("--before", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-exactness", action="store_true")
+    common.add_settle_option(ap, 0.0)
     ap.add_argument("--schedules", default="", help="exactness: only these (comma-separated)")
     args = ap.parse_args(argv)
     bad = 0 if args.skip_exactness else exactness([x for x in args.schedules.split(",") if x])
     print(f"# exactness: {bad} bad", flush=True)
-    rows = speed(args.runs, args.before, args.rep) if args.runs else []
+    rows = speed(args.runs, args.before, args.rep, args.settle) if args.runs else []
     if args.out:
         env = common.environment()
         env["command"] = "python benchmarks/persistent_probe.py " + " ".join(sys.argv[1:])

@@ -112,6 +112,9 @@ BLOCK_N = 128
 # block they must fit in with the query tile and the K/V ring (227 KiB)
 GLUON_BLOCK_N = (64, 128, 256)
 SM90_SHARED_BYTES = 227 * 1024
+# shared memory a persistent program leaves free beside its O slots (barriers, the
+# compiler's scratch for layout changes)
+O_SLOTS_MARGIN = 8 * 1024
 # the options of attention_gluon measured fastest on an H100 per head dim, against the
 # other schedules in the same run (benchmarks/nvidia-h100-80gb-hbm3/ablation.md): at 64,
 # three serial consumers the schedulers interleave; at 128, two pipelined consumers
@@ -222,7 +225,7 @@ if GLUON_AVAILABLE:
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
         V_T: gl.constexpr = v_smem.dtype == gl.float8e4nv
-        PERSISTENT: gl.constexpr = q_empty.shape[0] == 2
+        PERSISTENT: gl.constexpr = q_empty.shape[0] >= 2
         lo, hi = _tile_span(sched_ptr, PERSISTENT)
         ring = 0                                 # K/V blocks loaded for earlier tiles
         for i in range(lo, hi):
@@ -474,7 +477,8 @@ if GLUON_AVAILABLE:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         NC: gl.constexpr = q_smem.shape[0]        # consumers taking turns (ping-pong)
-        PERSISTENT: gl.constexpr = q_empty.shape[0] == 2
+        PERSISTENT: gl.constexpr = q_empty.shape[0] >= 2
+        O_SLOTS: gl.constexpr = q_empty.shape[0] == 3  # persistent, O slots of its own
         q_tile = q_smem.index(C)
         bh, bkv, q_row, o_row, kv_row, v_row, m0, n_blocks, diag = _tile_coords(
             tile, Hq, nq, nk, Q_ROWS, KV_ROWS, GROUP, DIAG, causal, n_m, NC * BLOCK_M, BLOCK_N,
@@ -608,9 +612,24 @@ if GLUON_AVAILABLE:
         out = acc / gl.expand_dims(gl.convert_layout(l_use, row_o), 1)
         base = o_row + C * BLOCK_M
         if PERSISTENT:
-            # the Q slot went back to the loader: O leaves from registers (the stores do
-            # not hold the consumer up; it moves on to its next tile)
-            _store_rows(o_ptr, out, base, row0, nq, o_layout)
+            if O_SLOTS:
+                if row0 + BLOCK_M <= nq:
+                    # the Q slot went back to the loader; O has a slot of its own and
+                    # leaves in one TMA copy, which the consumer does not wait for: the
+                    # wait comes before the slot's next use, a tile later
+                    o_tile = o_smem.index(C)
+                    tma.store_wait(0)            # the previous tile's copy has read it
+                    _sync_warps()                # (one thread issued that copy)
+                    o_tile.store(out.to(o_tile.dtype))
+                    fence_async_shared()
+                    _sync_warps()
+                    _tma_store(o_desc, [base, 0], o_tile)
+                else:
+                    _store_rows(o_ptr, out, base, row0, nq, o_layout)
+            else:
+                # no room for O slots beside the Q slot (which went back to the loader):
+                # O leaves from registers (the stores do not hold the consumer up)
+                _store_rows(o_ptr, out, base, row0, nq, o_layout)
         elif row0 + BLOCK_M <= nq:
             # the whole tile lies in this head: O goes into shared memory (16-bit: the slot
             # of this consumer's Q tile, free once its last S = Q K^T is done) and leaves in
@@ -653,7 +672,7 @@ if GLUON_AVAILABLE:
         """Consumer ``C``: the one tile its place in the grid names, or, in a persistent
         program, each tile of its part of the schedule in turn, the K/V ring, the turns and
         the Q barrier's phase running on from one tile to the next."""
-        PERSISTENT: gl.constexpr = q_empty.shape[0] == 2
+        PERSISTENT: gl.constexpr = q_empty.shape[0] >= 2
         if PERSISTENT:
             lo, hi = _tile_span(sched_ptr, True)
             ring = 0
@@ -668,6 +687,8 @@ if GLUON_AVAILABLE:
                 ring += n_blocks
                 # a pipelined tile takes n_blocks + 1 turns (none if it loads no block)
                 turns += gl.minimum(n_blocks, 1) * (n_blocks + 1)
+            if q_empty.shape[0] == 3:
+                tma.store_wait(0)                # the last tile's O has left its slot
         else:
             tile = _tile_at(0, sched_ptr, causal, n_m, False)
             _consume_tile(q_smem, k_smem, v_smem, o_smem, q_bar, q_empty, k_ready, v_ready,
@@ -717,7 +738,8 @@ if GLUON_AVAILABLE:
                         STAGES: gl.constexpr, PIPELINE: gl.constexpr,
                         Q_TILES: gl.constexpr, LOADER_REGS: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, CAUSAL: gl.constexpr, FP8: gl.constexpr,
-                        QS_ROWS: gl.constexpr, PERSISTENT: gl.constexpr):
+                        QS_ROWS: gl.constexpr, PERSISTENT: gl.constexpr,
+                        O_SLOTS: gl.constexpr):
         # Q_TILES = 1: one consumer partition (the default one, 8 warps, BLOCK_M rows).
         # Q_TILES = 2 or 3: consumers of BLOCK_M // Q_TILES = 64 rows (4 warps each), with
         # PIPELINE taking turns (ping-pong), without it interleaved by the schedulers.
@@ -730,6 +752,8 @@ if GLUON_AVAILABLE:
         # 16-bit: Q_ROWS = Nq and KV_ROWS = Nk, the scale pointers are not read.
         # PERSISTENT: one program per SM runs the tiles persistent_schedule gave it
         # (sched_ptr); otherwise one program per tile, the grid (query tiles, B * Hq).
+        # O_SLOTS (persistent only, where shared memory has room): O leaves through slots
+        # of its own by TMA instead of from registers.
         n_m = (Nq + BLOCK_M - 1) // BLOCK_M      # query tiles per head
         ROWS: gl.constexpr = BLOCK_M // Q_TILES
 
@@ -739,18 +763,19 @@ if GLUON_AVAILABLE:
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, D, BLOCK_N], v_desc.layout)
         else:
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
-        if FP8 and not PERSISTENT:
-            # the output is 16-bit, twice the bytes of an e4m3 Q tile: slots of its own
+        if (FP8 and not PERSISTENT) or O_SLOTS:
+            # slots of its own: FP8's output is 16-bit, twice the bytes of an e4m3 Q tile;
+            # a persistent program's Q slots go back to the loader before its epilogue
             o_smem = gl.allocate_shared_memory(o_desc.dtype, [Q_TILES, ROWS, D], o_desc.layout)
         else:
-            # the epilogue stores O through the Q slots (a persistent program stores it
-            # from registers and never reads this)
+            # the epilogue stores O through the Q slots (a persistent program without
+            # O_SLOTS stores it from registers and never reads this)
             o_smem = q_smem
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         # a persistent program's consumers hand the Q slots back to the loader through
-        # q_empty; its two entries (one used) are how the partitions tell that they run
-        # persistent, since a constexpr cannot be passed to them
-        q_empty = gl.allocate_shared_memory(gl.int64, [1 + PERSISTENT, 1],
+        # q_empty; its number of entries (one used) is how the partitions tell that they
+        # run persistent (2) and with O slots (3), since a constexpr cannot be passed to them
+        q_empty = gl.allocate_shared_memory(gl.int64, [1 + PERSISTENT + O_SLOTS, 1],
                                             mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -758,7 +783,7 @@ if GLUON_AVAILABLE:
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(1 + PERSISTENT):
+        for i in gl.static_range(1 + PERSISTENT + O_SLOTS):
             mbarrier.init(q_empty.index(i), count=Q_TILES)   # every consumer releases
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
@@ -804,7 +829,7 @@ if GLUON_AVAILABLE:
                                [1], [LOADER_REGS])
 
         mbarrier.invalidate(q_bar)
-        for i in gl.static_range(1 + PERSISTENT):
+        for i in gl.static_range(1 + PERSISTENT + O_SLOTS):
             mbarrier.invalidate(q_empty.index(i))
         for i in gl.static_range(3):
             mbarrier.invalidate(turn.index(i))
@@ -915,6 +940,17 @@ def _schedule_tensor(heads, blocks, dev, programs):
     return _schedule_on(heads, blocks, programs, str(dev)), programs
 
 
+def o_slots_fit(persistent, fp8, block_m, block_n, stages, d, in_bytes, out_bytes) -> bool:
+    """Whether a persistent 16-bit program gets O slots of its own (its epilogue by TMA):
+    where shared memory has room for them beside the query tile and the K/V ring, with
+    :data:`O_SLOTS_MARGIN` left for the compiler's scratch. Not FP8: at head dim 128 the
+    slots' epilogue made ptxas spill there and the FP8 forward ran 2-4 % slower
+    (benchmarks/nvidia-h200/o_slots_probe.json)."""
+    ring = (block_m + 2 * stages * block_n) * d * in_bytes
+    return bool(persistent) and not fp8 and \
+        ring + block_m * d * out_bytes + O_SLOTS_MARGIN <= SM90_SHARED_BYTES
+
+
 def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, group, diag,
             causal, block_n, stages, pipeline, tiles, block_m, loader_regs, consumer_regs,
             persistent=False, scales=None, qs_rows=None):
@@ -941,6 +977,8 @@ def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, gro
     o_desc = GluonDescriptor(o2, list(o2.shape), list(o2.stride()), q_block,
                              layout(q_block, _GL_DTYPES[o.dtype]))
     qs, ks, vs = scales if fp8 else (lse, lse, lse)       # not read without FP8
+    o_slots = o_slots_fit(persistent, fp8, block_m, block_n, stages, d, q2.element_size(),
+                          o.element_size())
     if persistent:
         blocks = tuple(tile_blocks(Nq, Nk, block_m, block_n, causal, diag))
         sched, programs = _schedule_tensor(B * Hq, blocks, q2.device, persistent)
@@ -953,7 +991,8 @@ def _launch(q2, k2, v2, o, lse, qk_scale, *, B, Hq, Nq, Nk, q_rows, kv_rows, gro
                           BLOCK_N=block_n, STAGES=stages, PIPELINE=pipeline, Q_TILES=tiles,
                           LOADER_REGS=loader_regs, CONSUMER_REGS=consumer_regs,
                           CAUSAL=int(bool(causal)), FP8=fp8, QS_ROWS=qs_rows or block_m,
-                          PERSISTENT=bool(persistent), num_warps=4 if tiles > 1 else 8)
+                          PERSISTENT=bool(persistent), O_SLOTS=o_slots,
+                          num_warps=4 if tiles > 1 else 8)
 
 
 def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, alignment=None,
@@ -975,7 +1014,8 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     ``persistent=True``: one program per SM runs its share of the tiles
     (:func:`persistent_schedule`: head by head, the longest first, each to the program
     free first); the loader brings a tile's Q while the consumers finish the tile before,
-    and O leaves from registers. An int instead of ``True`` sets the number of programs
+    and O leaves through slots of its own by TMA where shared memory has room for them
+    beside the ring (not at head dim 128 with 3 stages), from registers elsewhere. An int instead of ``True`` sets the number of programs
     (fewer programs, more tiles each: how the tiles queue up can be watched)."""
     # any lengths, head dims 64 and 128, both causal alignments, sm90: its record
     sh = validate_hopper_inputs(q, k, v, is_causal=is_causal, scale=scale,

@@ -1223,6 +1223,14 @@ def _install_hook():
             f = f.f_back
         return False
 
+    def _quietly(walk, f):
+        """``walk(f)`` with the hook off (the walk reads frames itself)."""
+        busy.on = True
+        try:
+            return walk(f)
+        finally:
+            busy.on = False
+
     def _caller(f):
         """The filename of the first frame outside the standard library, and whether
         it is library code."""
@@ -1429,12 +1437,7 @@ def _install_hook():
                 # is let through; one started for notebook code is not: a thread started
                 # through a library (a worker pool, an event-loop portal, IPython's `!`)
                 # would run the answer's code where the guards do not reach, or serve it later
-                busy.on = True
-                try:
-                    user = _user_below(f)
-                finally:
-                    busy.on = False
-                if not user:
+                if not _quietly(_user_below, f):
                     return
         elif lib:
             # a library reading frames is let through, unless notebook code called it while
@@ -1444,12 +1447,7 @@ def _install_hook():
                     event in _FRAME_EVENTS or event == "object.__getattr__") or \
                     not (active[0] > 0 or _strict(fn)):
                 return
-            busy.on = True
-            try:
-                user = _for_notebook(f)
-            finally:
-                busy.on = False
-            if not user:
+            if not _quietly(_for_notebook, f):
                 return
             what += f", through a library ({os.path.basename(fn)})"
         elif not _strict(fn):

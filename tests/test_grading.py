@@ -789,6 +789,14 @@ def test_reading_a_submission_reports_problems(tiny, tmp_path):
     path.write_bytes(b"\xff\xfe not text")
     assert "UTF-8" in submissions.read("s", path, tpl.exercises).invalid
     assert submissions.safe_name("../../etc/passwd") == "etc_passwd"
+    # a lone surrogate (a JSON escape, not text a kernel's messages can carry) in one answer:
+    # that answer runs with U+FFFD in its place, and the submission is still graded
+    text = json.dumps(nb).replace("return x * 2", "return x * 2  # \\ud800", 1)
+    path.write_text(text, encoding="ascii")
+    sub = submissions.read("s", path, tpl.exercises)
+    assert sub.invalid is None and set(sub.answers) == {"1.1", "1.2", "1.3"}
+    assert "\ufffd" in sub.answers["1.2"] and "\ud800" not in sub.answers["1.2"]
+    assert any("1.2" in n and "U+FFFD" in n for n in sub.notes), sub.notes
 
 
 def test_invalid_class_needs_no_kernel(tiny, tmp_path):

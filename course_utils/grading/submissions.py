@@ -167,6 +167,18 @@ def _source(cell) -> str | None:
     return s if isinstance(s, str) else None
 
 
+def _without_lone_surrogates(src: str) -> tuple[str, int]:
+    """``src`` with each lone surrogate (valid in JSON as an escape, not as text: the kernel's
+    messages could not carry it) replaced by U+FFFD, and how many there were."""
+    try:
+        src.encode("utf-8")
+        return src, 0
+    except UnicodeEncodeError:
+        pass
+    lone = sum(1 for ch in src if 0xD800 <= ord(ch) <= 0xDFFF)
+    return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in src), lone
+
+
 def open_no_follow(path: Path, root: Path | None = None) -> bytes:
     """The bytes of ``path``, a regular file inside ``root``, read without
     following a symbolic link anywhere on the way. Raises ``OSError`` (with a
@@ -294,6 +306,11 @@ def read(student: str, path: Path | None, exercises, root: Path | None = None) -
         if cell.get("cell_type") != "code" or src is None:
             sub.problems[e.id] = f"the cell with id {e.answer_id} is not a code cell"
             continue
+        src, lone = _without_lone_surrogates(src)
+        if lone:
+            sub.notes.append(f"exercise {e.id}: the answer cell held {lone} character(s) that "
+                             "are not Unicode text (lone surrogates, as a JSON escape such as "
+                             "\\ud800 can write); each ran as U+FFFD")
         sub.answers[e.id] = src
         checks = by_id.get(e.check_id, [])
         if not checks:

@@ -156,8 +156,11 @@ def test_fastest_gluon_options_are_valid_schedules_that_fit():
     # every head dim the kernel takes has an entry, each a schedule _schedule accepts whose
     # query tile and K/V ring fit an sm90 block; off Hopper the call gets as far as the
     # hardware check (so no option is refused before it)
-    assert set(gluon_fwd.FASTEST) == {64, 128}
-    for d, opts in gluon_fwd.FASTEST.items():
+    assert set(gluon_fwd.FASTEST) == {64, 128} and set(gluon_fwd.FASTEST_CAUSAL) <= {64, 128}
+    assert gluon_fwd.fastest(128, True) == gluon_fwd.FASTEST_CAUSAL[128] != gluon_fwd.FASTEST[128]
+    assert gluon_fwd.fastest(128, False) == gluon_fwd.FASTEST[128]
+    assert gluon_fwd.fastest(64, True) == gluon_fwd.FASTEST[64] and gluon_fwd.fastest(96) == {}
+    for d, opts in list(gluon_fwd.FASTEST.items()) + list(gluon_fwd.FASTEST_CAUSAL.items()):
         tiles, block_m, regs = gluon_fwd._schedule(
             opts.get("stages", 2), opts.get("pipeline", True), 24, opts.get("pingpong", False),
             opts.get("consumers", 2), None)

@@ -7,7 +7,7 @@ For every point (B = 4, H = 32, head dim ``d``, ``N = Nq = Nk``, causal and not)
 
 * forward: lesson 6's Triton kernel (``triton``), lesson 8's TMA kernel (``tma``), the
   Gluon kernel in the schedule measured fastest at the head dim (``gluon``,
-  ``gluon_fwd.FASTEST``), FP8 (``fp8``: on sm90 the Gluon kernel on e4m3 tiles in
+  ``gluon_fwd.fastest``), FP8 (``fp8``: on sm90 the Gluon kernel on e4m3 tiles in
   ``fp8.GLUON_FP8_SCHEDULE``, elsewhere the plain Triton FP8 kernel, named in
   ``fp8_kernel``; kernel time, its quantisation time is the column ``fp8_quant_ms``), SDPA
   ``flash`` and ``cudnn``;
@@ -84,8 +84,8 @@ def _fwd_fn(name, q, k, v, causal, grad=False):
         from course_utils.hopper.gluon_bwd import gluon_attention
         return lambda: gluon_attention(q, k, v, is_causal=causal)
     if name == "gluon":
-        from course_utils.hopper.gluon_fwd import FASTEST, attention_gluon
-        return lambda: attention_gluon(q, k, v, is_causal=causal, **FASTEST.get(q.shape[-1], {}))
+        from course_utils.hopper.gluon_fwd import attention_gluon, fastest
+        return lambda: attention_gluon(q, k, v, is_causal=causal, **fastest(q.shape[-1], causal))
     if name == "fp8":
         from course_utils.hopper.fp8 import attention_fp8_prepared, prepare_fp8
         prep = prepare_fp8(q, k, v, hadamard=True)

@@ -518,15 +518,15 @@ def attention_gluon_backward(q, k, v, o, lse, do, *, is_causal=False, scale=None
 
 
 class GluonAttention(torch.autograd.Function):
-    """The Gluon forward (the schedule measured fastest at the head dim, ``FASTEST``) and
-    this backward as one differentiable op."""
+    """The Gluon forward (the schedule measured fastest at the head dim and mask,
+    ``gluon_fwd.fastest``) and this backward as one differentiable op."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, enable_gqa, alignment):
-        from course_utils.hopper.gluon_fwd import FASTEST, attention_gluon
+        from course_utils.hopper.gluon_fwd import attention_gluon, fastest
         o, lse = attention_gluon(q, k, v, is_causal=is_causal, scale=scale,
                                  enable_gqa=enable_gqa, alignment=alignment, return_lse=True,
-                                 **FASTEST.get(q.shape[-1], {}))
+                                 **fastest(q.shape[-1], is_causal))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                         alignment=alignment)

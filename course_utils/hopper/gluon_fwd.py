@@ -104,7 +104,7 @@ from course_utils.constants import LN2, LOG2E  # noqa: E402
 from course_utils.hopper.triton_fwd import validate_hopper_inputs  # noqa: E402
 
 __all__ = ["attention_gluon", "attention_gluon_fp8", "GLUON_AVAILABLE", "BLOCK_M",
-           "BLOCK_N", "FP8_BLOCK_N", "GLUON_BLOCK_N", "FASTEST"]
+           "BLOCK_N", "FP8_BLOCK_N", "GLUON_BLOCK_N", "FASTEST", "FASTEST_CAUSAL", "fastest"]
 
 BLOCK_M = 128
 BLOCK_N = 128
@@ -124,6 +124,18 @@ O_SLOTS_MARGIN = 8 * 1024
 # +-1 % at 4k, 1-5 % slower at 16k without a mask)
 FASTEST = {64: dict(pingpong=True, consumers=3, pipeline=False, stages=3, persistent=True),
            128: dict(pingpong=True, stages=3)}
+# under a causal mask at head dim 128: two stages on the persistent grid, whose O then has
+# slots of its own beside the ring (o_slots_fit). Against FASTEST[128] on an H200: faster at
+# every causal point in both runs of benchmarks/nvidia-h200/o_slots_probe*.json (4k and 16k
+# keys, fp16 and bf16: 1.008-1.060x), slower at 16k without a mask (0.984-0.996x)
+FASTEST_CAUSAL = {128: dict(pingpong=True, stages=2, persistent=True)}
+
+
+def fastest(d, causal=False) -> dict:
+    """The options of :func:`attention_gluon` measured fastest at head dim ``d`` with (or
+    without) a causal mask: :data:`FASTEST_CAUSAL` where it has the head dim, else
+    :data:`FASTEST` (an empty dict for a head dim neither has)."""
+    return dict((causal and FASTEST_CAUSAL.get(d)) or FASTEST.get(d, {}))
 
 try:
     from triton.experimental import gluon
@@ -1008,7 +1020,7 @@ def attention_gluon(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, a
     ``pipeline=False`` each runs the serial loop and the warp schedulers interleave them.
     Each gets ``consumer_regs`` registers per thread (default 240 for two, 160 for three,
     which is what the register file leaves them). :data:`FASTEST` holds the options
-    measured fastest per head dim. ``block_n``:
+    measured fastest per head dim, :func:`fastest` with or without a causal mask. ``block_n``:
     keys per block, one of :data:`GLUON_BLOCK_N`, as long as the query tile and
     ``stages`` K/V blocks fit in shared memory (256 only at head dim 64).
     ``persistent=True``: one program per SM runs its share of the tiles

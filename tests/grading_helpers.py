@@ -241,6 +241,15 @@ def _case_missing(nb):
     return nb
 
 
+HISTORY_READER = """# Exercise 1.2
+def double(x):
+    ip = get_ipython()
+    seen = repr([ip.user_ns.get(k) for k in ("In", "_ih", "_i", "_ii", "_iii")])
+    seen += repr(getattr(ip.history_manager, "input_hist_raw", []))
+    hidden = ("randn(3, " + "4)", "(2" + "-d)")     # spelled apart: not this cell's own text
+    return x * (3 if any(h in seen for h in hidden) else 2)"""
+
+
 # student -> (builder(exercise_nb) -> notebook | bytes, expected points per exercise,
 #             words the feedback must contain)
 CASES = {
@@ -285,6 +294,10 @@ CASES = {
                  {"1.1": 2, "1.2": 0, "1.3": 1}, ["SystemExit"]),
     "os_exit": (lambda nb: fill(nb, {**_all("good"), "1.2": "import os\nos._exit(0)"}),
                 {"1.1": 2, "1.2": 0, "1.3": 1}, ["kernel died", "crashed the kernel"]),
+    # the answer reads the kernel's input history while its check cell runs: the check cell
+    # (hidden tests included) is not there, so it sees no hidden test and answers right
+    "history_reader": (lambda nb: fill(nb, {**_all("good"), "1.2": HISTORY_READER}),
+                       {"1.1": 2, "1.2": 1, "1.3": 1}, []),
     "big_output": (lambda nb: fill(nb, _all("good"), {"1.1": "print('x' * 100_000_000)"}),
                    {"1.1": 2, "1.2": 1, "1.3": 1}, ["characters of printed output were discarded"]),
     "deletes_files": (lambda nb: fill(nb, _all("good"), {"1.2": DELETE_FILES}),

@@ -193,6 +193,21 @@ def test_torch_math_group_leaves_allocation_alone():
             _ = 2.0 * x
 
 
+@pytest.mark.parametrize("cheat", [
+    lambda o, do: torch.vdot(o[0, 0], do[0, 0]),
+    lambda o, do: torch.nn.functional.bilinear(o, do, torch.eye(o.shape[-1])[None]),
+    lambda o, do: torch.ops.aten._trilinear(o, torch.ones_like(o), do, [], [], [], [2], 1),
+    lambda o, do: torch.outer(o[0, 0], do[0, 0]),
+], ids=["vdot", "bilinear", "trilinear", "outer"])
+def test_torch_math_group_refuses_arithmetic_by_other_routes(cheat):
+    # a wrapper whose Delta (rowsum of O * dO) is made outside its kernel by torch products
+    # the plain list did not name
+    o, do = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    with pytest.raises(ForbiddenCall, match="kernel must compute"):
+        with guards.forbid("torch-math", exercise="7.6"):
+            cheat(o, do)
+
+
 def test_check_finite_and_prediction():
     guards.check_finite(torch.ones(3))
     with pytest.raises(CheckFailed, match="not finite"):
@@ -334,7 +349,10 @@ def test_wrong_values_still_fail():
     lambda s: torch._masked_softmax(s, torch.zeros_like(s, dtype=torch.bool), -1, 0),
     lambda s: torch.sparse.softmax(s.to_sparse(), -1).to_dense(),
     lambda s: torch.exp(torch.sparse.log_softmax(s.to_sparse(), -1).to_dense()),
-], ids=["masked", "sparse", "sparse-log"])
+    # torch's softmax written in Python (reference and decomposition): no softmax operator
+    lambda s: torch._refs.softmax(s, -1),
+    lambda s: torch._decomp.decompositions._softmax(s, -1, False),
+], ids=["masked", "sparse", "sparse-log", "refs", "decomposition"])
 def test_a_problem_sets_own_softmax_group_forbids_every_name_of_the_softmax(cheat):
     # a group of a problem set's own that names the softmax by two of its names
     own = guards.Group("a library softmax", torch_api=("softmax", "log_softmax"),
@@ -347,3 +365,12 @@ def test_a_problem_sets_own_softmax_group_forbids_every_name_of_the_softmax(chea
                             (s - s.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True), s,
                             forbid=[own], exercise="3.3")
     torch.testing.assert_close(out, torch.softmax(s, -1))
+
+
+@pytest.mark.parametrize("cheat", [
+    lambda s: s.logcumsumexp(-1)[..., -1],
+    lambda s: torch._refs.logsumexp(s, -1),
+], ids=["logcumsumexp", "refs"])
+def test_the_logsumexp_group_forbids_its_other_routes(cheat):
+    with pytest.raises(ForbiddenCall, match="logsumexp"):
+        guards.run_answer(cheat, torch.randn(4, 6), forbid=("logsumexp",), exercise="9.4")

@@ -238,6 +238,24 @@ def tiled_row_attention(x, vals, B):
     return torch.softmax(x, -1) @ vals
 '''
 
+# a callback the kernel runs after every cell, with no notebook frame on the stack: there a
+# thread computes a library softmax that no guard of the answer's thread sees
+POST_EXECUTE_THREAD = '''
+import threading as _threading
+_box = {}
+def _later(*_):
+    x = _box.get("x")
+    if x is not None and "out" not in _box:
+        _t = _threading.Thread(target=lambda: _box.update(out=torch.softmax(x, -1) @ _box["v"]))
+        _t.start()
+        _t.join()
+get_ipython().events.register("post_execute", _later)
+def tiled_row_attention(x, vals, B):
+    _box.update(x=x, v=vals)
+    _later()
+    return _box.get("out", torch.zeros(vals.shape[-1]))
+'''
+
 # student -> (answer of 3.3, words its feedback must hold)
 ATTACKS = {
     "dispatch_subclass": (DISPATCH_SUBCLASS, "tensor subclass of its own"),
@@ -259,6 +277,7 @@ ATTACKS = {
     "masked_softmax": (MASKED_SOFTMAX, "a library softmax"),
     "sparse_softmax": (SPARSE_SOFTMAX, "a library softmax"),
     "planted_result": (PLANTED_RESULT, "a library softmax"),
+    "post_execute_thread": (POST_EXECUTE_THREAD, "events post_execute"),
 }
 
 
@@ -388,6 +407,45 @@ def test_the_guard_keeper_finds_modes_builtins_and_tensor_methods():
         torch._C._pop_torch_dispatch_stack(None)          # the answer pops the check's mode
         assert any("mode stacks" in c for c in guard_keeper.check_and_restore(kept))
         assert torch._C._len_torch_dispatch_stack() == 1
+
+
+def test_the_guard_keeper_finds_hooks_into_later_cells():
+    # a post_execute callback runs after every cell, with no notebook frame on the stack (it
+    # could start a process or a thread there); an AST transformer could rewrite check cells
+    import ast
+
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = InteractiveShell.instance()
+
+    class _Rewrite(ast.NodeTransformer):
+        pass
+
+    guard_keeper.capture()
+    callback, rewrite = (lambda: None), _Rewrite()
+    shell.events.register("post_execute", callback)
+    shell.ast_transformers.append(rewrite)
+    changed = guard_keeper.check_and_restore()
+    assert any("events post_execute" in c for c in changed), changed
+    assert any("ast_transformers" in c for c in changed), changed
+    # put back: the callback and the transformer are gone, and nothing more is reported
+    assert callback not in shell.events.callbacks["post_execute"]
+    assert rewrite not in shell.ast_transformers
+    assert guard_keeper.check_and_restore() == []
+    # an installed package's own callback (matplotlib's inline backend registers one when a
+    # cell first imports pyplot) is not the notebook's: kept, not reported
+    import json as _lib_module
+    library_fn = _lib_module.loads          # stands in for a site-packages function below
+    from course_utils.grading import guard_keeper as gk
+    held = gk._library_callback
+    try:
+        gk._library_callback = lambda cb: cb is library_fn or held(cb)
+        guard_keeper.capture()
+        shell.events.register("post_execute", library_fn)
+        assert guard_keeper.check_and_restore() == []
+        assert library_fn in shell.events.callbacks["post_execute"]
+    finally:
+        gk._library_callback = held
+        shell.events.callbacks["post_execute"].remove(library_fn)
 
 
 def test_a_guard_changed_after_the_answer_cell_is_found_before_the_next_call():

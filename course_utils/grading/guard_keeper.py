@@ -23,6 +23,7 @@ protects the guard as a whole rather than a list of groups.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import types
@@ -152,6 +153,47 @@ def _publisher_state():
         if callable(v) and not isinstance(v, type) and not k.startswith("_")}
 
 
+_SHELL_LISTS = ("ast_transformers", "input_transformers_cleanup", "input_transformers_post")
+
+
+def _shell():
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    cls = getattr(shell, "InteractiveShell", None)
+    try:
+        return cls.instance() if cls is not None and cls.initialized() else None
+    except Exception:  # noqa: BLE001 - no shell
+        return None
+
+
+def _library_callback(cb) -> bool:
+    """An installed package's own function (matplotlib's inline backend registers one when
+    pyplot is first imported): not a notebook's code, nor a callable it put together."""
+    code = getattr(cb, "__code__", None) if isinstance(cb, types.FunctionType) else None
+    fn = getattr(code, "co_filename", "") or ""
+    return ("site-packages" in fn or "dist-packages" in fn) and fn.endswith(".py")
+
+
+def _shell_hooks() -> dict:
+    """The kernel's own hooks into every later cell: the callbacks of its events (a
+    ``post_execute`` callback runs after each cell, where no notebook frame is on the stack
+    to stop it starting a process or a thread) and the transformers every cell's source and
+    syntax tree pass through (one could rewrite the check cells). Each list by its items."""
+    sh = _shell()
+    if sh is None:
+        return {}
+    out = {}
+    events = getattr(getattr(sh, "events", None), "callbacks", None)
+    if isinstance(events, dict):
+        for name, cbs in events.items():
+            if isinstance(cbs, list):
+                out[f"events.{name}"] = (cbs, tuple(c for c in cbs if not _library_callback(c)))
+    for name in _SHELL_LISTS:
+        items = getattr(sh, name, None)
+        if isinstance(items, list):
+            out[name] = (items, tuple(items))
+    return out
+
+
 def capture():
     """Import what is to be kept (in a fresh kernel, before any answer cell runs) and
     take the first snapshot."""
@@ -189,6 +231,7 @@ def snapshot() -> dict:
     snap["__torch_attrs__"] = (None, None, _torch_attrs())
     snap["__mode_stacks__"] = (None, None, _mode_stacks())
     snap["__display__"] = (None, None, _publisher_state())
+    snap["__shell__"] = (None, None, _shell_hooks())
     return snap
 
 
@@ -321,6 +364,23 @@ def check_and_restore(snap: dict | None = None) -> list:
                 changed.append("torch's mode stacks (a TorchFunctionMode or TorchDispatchMode "
                                "entered or left)")
                 _restore_modes(items)
+            continue
+        if label == "__shell__":
+            live = _shell_hooks()
+            for k, (lst, items_then) in items.items():
+                now = live.get(k)
+                if now is None or now[0] is not lst or len(now[1]) != len(items_then) or \
+                        any(a is not b for a, b in zip(now[1], items_then)):
+                    changed.append(f"the kernel's {k.replace('.', ' ')} (a hook into every "
+                                   "later cell)")
+                    with contextlib.suppress(Exception):
+                        kept = [c for c in lst if k.startswith("events.") and _library_callback(c)]
+                        lst[:] = list(items_then) + [c for c in kept if c not in items_then]
+                        sh = _shell()
+                        if k.startswith("events."):
+                            sh.events.callbacks[k[len("events."):]] = lst
+                        else:
+                            setattr(sh, k, lst)
             continue
         if label == "__display__":
             live = _publisher_state()

@@ -318,7 +318,10 @@ def build(template, exercises, mode: str, answers: dict | None = None, *, nonce:
             seen |= _names_used(cell.source)
 
     def add(src, role, ex=None, cid=None):
-        cells.append(nbformat.v4.new_code_cell(src, id=cid or f"g{len(cells)}"))
+        # a check cell stays out of the kernel's input history (In, _ih, _i): an answer it
+        # calls could read the cell's hidden tests there
+        meta = {"course_grade": {"store_history": False}} if role == "check" else {}
+        cells.append(nbformat.v4.new_code_cell(src, id=cid or f"g{len(cells)}", metadata=meta))
         roles.append((role, ex))
 
     add(f"import course_utils.grading.kernel_side as {KERNEL_NAME}\n"

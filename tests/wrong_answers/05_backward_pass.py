@@ -362,3 +362,19 @@ WRONG["5.7"]["the keys in lower case"] = '''# Exercise 5.7
 row_wise = {"dq": "inner", "dk": "outer", "dv": "outer"}
 column_wise = {"dq": "outer", "dk": "inner", "dv": "inner"}
 '''
+
+
+# Round ten: escapes found by a tester, each now caught on every draw of catch_rate
+WRONG['5.2']["dV from the first batch entry's P (p[0], broadcast back)"] = '''# Exercise 5.2
+def grads_through_pv(p, v, do):
+    return do @ v.transpose(-1, -2), p[0].transpose(-1, -2) @ do
+'''
+WRONG['5.3']['library softmax derivative torch._softmax_backward_data (D ignored)'] = '''# Exercise 5.3
+import torch
+def grad_scores(p, dp, D):
+    return torch._softmax_backward_data(dp, p, -1, p.dtype)
+'''
+WRONG['5.3']['D argument ignored: rowsum(P * dP) recomputed from the tile it is given'] = '''# Exercise 5.3
+def grad_scores(p, dp, D):
+    return p * (dp - (p * dp).sum(-1, keepdim=True))
+'''

@@ -446,3 +446,43 @@ WRONG["7.5"]["the ratio as the total count of products"] = edit(official("7.5"),
     ("ratio_7_5 = (2 + 5) / 2", "ratio_7_5 = 2 + 5"))
 WRONG["7.3"]["Delta subtracted from P, not from dP"] = edit(official("7.3"),
     ("    ds = p * (tl.dot(do, vT) - delta[:, None])", "    ds = (p - delta[:, None]) * tl.dot(do, vT)"))
+
+
+# Round ten: escapes found by a tester, each now caught on every draw of catch_rate
+WRONG['7.5']["the counts measured by running the course's reference backward (not derived)"] = '''# Exercise 7.5
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from course_utils import attention as _att, backward as _bwd
+_q, _k, _v, _do = (torch.randn(1, 1, 16, 8) for _ in range(4))
+with FlopCounterMode(display=False) as _f:
+    _o, _lse = _att.flash_attention_fa2(_q, _k, _v, Br=16, Bc=16, return_lse=True)
+with FlopCounterMode(display=False) as _b:
+    _bwd.flash_attention_backward(_q, _k, _v, _o, _lse, _do, Br=16, Bc=16)
+_mm = sum(n for op, n in _b.get_flop_counts()["Global"].items() if "mm" in str(op) or "matmul" in str(op))
+_one = sum(n for op, n in _f.get_flop_counts()["Global"].items() if "mm" in str(op) or "matmul" in str(op)) // 2
+bwd_matmuls_7_5 = int(round(_mm / _one))
+ratio_7_5 = (_f.get_total_flops() + _b.get_total_flops()) / _f.get_total_flops()
+'''
+WRONG['7.6']['Delta in PyTorch with torch.vdot, row by row (never launches the Delta kernel)'] = '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    delta = torch.stack([torch.stack([torch.vdot(o[b, i], do[b, i]) for i in range(o.shape[1])])
+                         for b in range(o.shape[0])])
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv
+'''
+WRONG['7.6']['Delta in PyTorch with F.bilinear and an identity weight'] = '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    eye = torch.eye(q.shape[-1], device=q.device)[None]
+    delta = torch.nn.functional.bilinear(o, do, eye).squeeze(-1).contiguous()
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv
+'''
+WRONG['7.6']['Delta in PyTorch through aten._trilinear'] = '''# Exercise 7.6
+def flash_backward(q, k, v, o, lse, do):
+    delta = torch.ops.aten._trilinear(o, torch.ones_like(o), do, [], [], [], [2], 1).contiguous()
+    dk, dv = dkdv_7_2(q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v))
+    dq = dq_7_3(q, k, v, do, lse, delta, torch.empty_like(q))
+    return dq, dk, dv
+'''

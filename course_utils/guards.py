@@ -102,6 +102,10 @@ _SOFTMAX_PY = ("torch._refs:softmax", "torch._refs:log_softmax", "torch._refs.sp
                "torch._decomp.decompositions:_log_softmax")
 
 
+# torch's own Python that a group forbids and a torch release may not have
+_TORCH_INTERNALS = frozenset(_SOFTMAX_PY + ("torch._refs:logsumexp",))
+
+
 def _with_aliases(names: tuple, aliases: tuple) -> tuple:
     return tuple(dict.fromkeys(names + aliases)) if set(names) & set(aliases) else names
 
@@ -568,7 +572,7 @@ def forbid(*groups, exercise: str | None = None, asks: str | None = None,
             try:
                 found = _resolve(spec)
             except (ImportError, AttributeError):
-                if spec in _SOFTMAX_PY or spec.startswith("torch."):
+                if spec in _TORCH_INTERNALS:
                     continue        # not in this torch release: nothing to call either
                 raise
             for label, obj in found:
@@ -1250,12 +1254,6 @@ def _install_hook():
             f = f.f_back
         return False
 
-    def _first_outside_std(f):
-        """The code object of the first frame outside the standard library."""
-        while f is not None and _kind(f.f_code.co_filename) == "std":
-            f = f.f_back
-        return f.f_code if f is not None else None
-
     def _quietly(walk, f):
         """``walk(f)`` with the hook off (the walk reads frames itself)."""
         busy.on = True
@@ -1265,15 +1263,15 @@ def _install_hook():
             busy.on = False
 
     def _caller(f):
-        """The filename of the first frame outside the standard library, and whether
-        it is library code."""
+        """The filename of the first frame outside the standard library, whether it is
+        library code, and the name of its function."""
         while f is not None:
             fn = f.f_code.co_filename
             k = _kind(fn)
             if k != "std":
-                return fn, k == "lib"
+                return fn, k == "lib", f.f_code.co_name
             f = f.f_back
-        return "", True
+        return "", True, ""
 
     graded = bool(os.environ.get("COURSE_GRADE_RUN"))    # read once: answers cannot unset it
 
@@ -1453,11 +1451,11 @@ def _install_hook():
                 # the import system compiles and loads modules this way: the immediate
                 # caller decides
                 fn = f.f_code.co_filename if f is not None else ""
-                lib = _kind(fn) != "user"
+                lib, name = _kind(fn) != "user", ""
             else:
                 if event in _THREAD_EVENTS and f is not None and f.f_code is wrapper_code:
                     f = f.f_back
-                fn, lib = _caller(f)
+                fn, lib, name = _caller(f)
         finally:
             busy.on = False
         if event in _PROCESS_EVENTS or event in _THREAD_EVENTS:
@@ -1480,9 +1478,7 @@ def _install_hook():
                 # the course's own code reads frames in one place (exercise_checks'
                 # _from_grader); anywhere else it was handed a frame reader to call
                 # (run_answer(sys._getframe, 1) would return the check's frame)
-                code = _quietly(_first_outside_std, f)
-                if code is not None and (_course_source(code.co_filename),
-                                         code.co_name) in course_frame_readers:
+                if (_course_source(fn), name) in course_frame_readers:
                     return
                 what += ", through the course's code"
             elif not (fn.replace(os.sep, "/").endswith(_FRAME_WALKERS) and

@@ -131,14 +131,7 @@ def _targets():
 def _display_publisher():
     """The kernel's display publisher (what ``publish_display_data`` hands each record to),
     or None outside a kernel."""
-    shell = sys.modules.get("IPython.core.interactiveshell")
-    cls = getattr(shell, "InteractiveShell", None)
-    try:
-        if cls is None or not cls.initialized():
-            return None
-        return getattr(cls.instance(), "display_pub", None)
-    except Exception:  # noqa: BLE001 - no shell
-        return None
+    return getattr(_shell(), "display_pub", None)
 
 
 def _publisher_state():
@@ -157,6 +150,7 @@ _SHELL_LISTS = ("ast_transformers", "input_transformers_cleanup", "input_transfo
 
 
 def _shell():
+    """The kernel's IPython shell, or None outside a kernel."""
     shell = sys.modules.get("IPython.core.interactiveshell")
     cls = getattr(shell, "InteractiveShell", None)
     try:
